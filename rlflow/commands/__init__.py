@@ -1,0 +1,1 @@
+"""One module per `rlflow` subcommand; each has `add_parser(subparsers)` and `run(args) -> int`."""

@@ -1,0 +1,229 @@
+"""Is a rewritten graph still the same function? Run both on the same random inputs and compare.
+
+Used to verify every rewrite rule and every optimised model before it is written. Both graphs
+run in onnxruntime with its optimiser off (`ort_level="disable"`) by default: we check the
+graphs as we wrote them, by ONNX semantics, not what ORT's fusions make of them. With fusions
+on, ORT rewrites the two graphs differently (e.g. MatMul+Add into a Gemm or FusedMatMul, an
+approximated Gelu) and that changes rounding on one side only, which would force looser
+tolerances and could blame our rewrite for ORT's choices. It also builds sessions faster.
+
+Tolerances depend on dtype. Floats pass where |candidate - reference| <= atol * scale +
+rtol * |reference|, with scale = max(1, max |reference output|): a rewrite that reorders a
+reduction moves every element of an output by rounding error proportional to the output's
+magnitude, so an element near zero in a large output gets the output's absolute slack.
+Integers and bools must match exactly; NaN matches NaN, inf matches the same inf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from rlflow.cost.inputs import random_inputs
+from rlflow.cost.session import OrtSettings, make_session
+from rlflow.cost.source import ModelLike, ModelSource, TensorSpec
+from rlflow.errors import RlflowError
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Floats pass where |c - r| <= atol * max(1, max|r|) + rtol * |r|."""
+
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES: dict[int, Tolerance] = {
+    onnx.TensorProto.FLOAT: Tolerance(atol=1e-4, rtol=1e-3),
+    onnx.TensorProto.FLOAT16: Tolerance(atol=1e-2, rtol=1e-2),
+    onnx.TensorProto.DOUBLE: Tolerance(atol=1e-8, rtol=1e-6),
+}
+
+
+@dataclass(frozen=True)
+class EquivalenceReport:
+    """The verdict, the largest errors seen over all outputs and seeds, and why.
+
+    `max_rel_err` is |c - r| / max(|r|, atol * scale): relative where the reference is not
+    tiny, so that zeros in the reference do not make it infinite. Both are inf when the
+    graphs could not be compared (different signatures, a candidate that fails to run).
+    """
+
+    equivalent: bool
+    max_abs_err: float
+    max_rel_err: float
+    reason: str
+
+
+class EquivalenceChecker:
+    """Checks candidates against one reference; the reference's outputs are computed once.
+
+    Args:
+        reference: the graph whose behaviour is the specification.
+        seeds: one random input set per seed (integer inputs within the reference's
+            metadata ranges, see rlflow.cost.inputs).
+        ort_level: ORT optimisation level for both graphs (default disable, see above).
+        threads: intra-op threads; 1 keeps onnxruntime's results deterministic.
+        tolerances: per ONNX element type, overriding DEFAULT_TOLERANCES.
+        match_output_names: outputs must also keep their names (deployed code fetches
+            outputs by name); positions, dtypes and shapes must always match.
+
+    Raises:
+        RlflowError: the reference itself does not load or run in onnxruntime.
+    """
+
+    def __init__(
+        self,
+        reference: ModelLike,
+        *,
+        seeds: Sequence[int] = (0, 1, 2),
+        ort_level: str = "disable",
+        threads: int = 1,
+        tolerances: Mapping[int, Tolerance] | None = None,
+        match_output_names: bool = True,
+    ) -> None:
+        if not seeds:
+            raise RlflowError("equivalence checking needs at least one seed")
+        self.seeds = tuple(seeds)
+        self.settings = OrtSettings(threads=threads, ort_level=ort_level)
+        self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
+        self.match_output_names = match_output_names
+        source = ModelSource(reference)
+        source.require_static_inputs()
+        self.inputs = source.inputs
+        self.outputs = source.outputs
+        self.metadata = source.metadata
+        self.feeds = [random_inputs(self.inputs, self.metadata, seed) for seed in self.seeds]
+        try:
+            session = make_session(source.model_bytes(), self.settings)
+            self.expected = [session.run(None, feeds) for feeds in self.feeds]
+        except RlflowError:
+            raise
+        except Exception as error:
+            message = f"the reference model fails in onnxruntime: {_first_line(error)}"
+            raise RlflowError(message) from None
+        finally:
+            source.release()
+
+    def check(self, candidate: ModelLike) -> EquivalenceReport:
+        """Compare `candidate` with the reference on every seed; never raises for a bad candidate."""
+        source = ModelSource(candidate)
+        mismatch = self._signature_mismatch(source)
+        if mismatch:
+            return _not_equivalent(mismatch)
+        try:
+            session = make_session(source.model_bytes(), self.settings)
+        except Exception as error:
+            return _not_equivalent(f"candidate does not load in onnxruntime: {_first_line(error)}")
+        finally:
+            source.release()
+        output_names = [spec.name for spec in source.outputs]
+        max_abs = max_rel = 0.0
+        for seed, feeds, expected in zip(self.seeds, self.feeds, self.expected):
+            try:
+                actual = session.run(output_names, feeds)
+            except Exception as error:
+                return _not_equivalent(f"candidate fails to run (seed {seed}): {_first_line(error)}")
+            for spec, want, got in zip(self.outputs, expected, actual):
+                abs_err, rel_err, problem = self._compare(spec, np.asarray(want), np.asarray(got))
+                max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
+                if problem:
+                    reason = f"output {spec.name!r} differs on seed {seed}: {problem}"
+                    return EquivalenceReport(False, max_abs, max_rel, reason)
+        reason = f"{len(self.outputs)} outputs match on seeds {list(self.seeds)}"
+        return EquivalenceReport(True, max_abs, max_rel, reason)
+
+    def _signature_mismatch(self, source: ModelSource) -> str:
+        want = {spec.name: spec for spec in self.inputs}
+        got = {spec.name: spec for spec in source.inputs}
+        for name in want.keys() - got.keys():
+            return f"candidate lacks input {want[name].describe()}"
+        for name in got.keys() - want.keys():
+            return f"candidate has an extra input {got[name].describe()}"
+        for name, spec in want.items():
+            if (spec.dtype, spec.shape) != (got[name].dtype, got[name].shape):
+                return f"input {spec.describe()} in reference is {got[name].describe()} in candidate"
+        if len(self.outputs) != len(source.outputs):
+            return f"reference has {len(self.outputs)} outputs, candidate {len(source.outputs)}"
+        for index, (ref, cand) in enumerate(zip(self.outputs, source.outputs)):
+            if self.match_output_names and ref.name != cand.name:
+                return f"output {index} is named {ref.name!r} in reference, {cand.name!r} in candidate"
+            known = ref.shape is not None and cand.shape is not None
+            if ref.dtype != cand.dtype or (known and ref.shape != cand.shape):
+                return f"output {index} is {ref.describe()} in reference, {cand.describe()} in candidate"
+        return ""
+
+    def _compare(
+        self, spec: TensorSpec, want: np.ndarray, got: np.ndarray
+    ) -> tuple[float, float, str]:
+        """(max abs error, max rel error, problem or "") for one output on one seed."""
+        if want.shape != got.shape:
+            return np.inf, np.inf, f"shape {got.shape} where reference has {want.shape}"
+        if want.size == 0:
+            return 0.0, 0.0, ""
+        tolerance = self.tolerances.get(spec.dtype)
+        if tolerance is None or not np.issubdtype(want.dtype, np.floating):
+            unequal = want != got
+            diff = np.abs(want.astype(np.float64) - got.astype(np.float64))
+            abs_err = float(diff.max())
+            rel_err = float((diff / np.maximum(np.abs(want.astype(np.float64)), 1.0)).max())
+            if unequal.any():
+                return abs_err, rel_err, _first_difference(unequal, want, got, "exact match")
+            return 0.0, 0.0, ""
+        want64, got64 = want.astype(np.float64), got.astype(np.float64)
+        finite = np.isfinite(want64)
+        scale = max(1.0, float(np.abs(want64[finite]).max())) if finite.any() else 1.0
+        slack = tolerance.atol * scale
+        same_special = (want64 == got64) | (np.isnan(want64) & np.isnan(got64))
+        diff = np.where(same_special, 0.0, np.abs(want64 - got64))
+        diff = np.where(np.isnan(diff), np.inf, diff)  # NaN on one side only is a failure
+        bad = diff > slack + tolerance.rtol * np.abs(np.where(finite, want64, 0.0))
+        abs_err = float(diff.max())
+        rel_err = float((diff / np.maximum(np.abs(np.where(finite, want64, 0.0)), slack)).max())
+        if bad.any():
+            rule = f"atol {tolerance.atol:g} x scale {scale:.3g}, rtol {tolerance.rtol:g}"
+            return abs_err, rel_err, _first_difference(bad, want, got, rule)
+        return abs_err, rel_err, ""
+
+
+def check_equivalence(
+    reference: ModelLike,
+    candidate: ModelLike,
+    seeds: Sequence[int] = (0, 1, 2),
+    *,
+    ort_level: str = "disable",
+    threads: int = 1,
+    tolerances: Mapping[int, Tolerance] | None = None,
+    match_output_names: bool = True,
+) -> EquivalenceReport:
+    """One-off check of `candidate` against `reference` (see EquivalenceChecker)."""
+    checker = EquivalenceChecker(
+        reference,
+        seeds=seeds,
+        ort_level=ort_level,
+        threads=threads,
+        tolerances=tolerances,
+        match_output_names=match_output_names,
+    )
+    return checker.check(candidate)
+
+
+def _not_equivalent(reason: str) -> EquivalenceReport:
+    return EquivalenceReport(False, float("inf"), float("inf"), reason)
+
+
+def _first_difference(bad: np.ndarray, want: np.ndarray, got: np.ndarray, rule: str) -> str:
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    count = int(bad.sum())
+    return (
+        f"{count} of {bad.size} elements off ({rule}); first at {index}: "
+        f"reference {want[index].item()!r}, candidate {got[index].item()!r}"
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__

@@ -1,0 +1,227 @@
+"""End-to-end latency in onnxruntime, measured so that comparisons survive a noisy machine.
+
+Timings here move by tens of percent between runs, so graphs are only ever compared within
+one run: after a warm-up they are timed in alternating blocks (A-block B-block, then B A, ...)
+and compared by the minimum over all their runs, ratio = min(B) / min(A). The median of the
+per-pair ratios (k-th run of B over k-th run of A) is kept as secondary information: it is
+noisier. Results are cached by (graph hash, settings), in memory and optionally on disk.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from rlflow.cost.cache import read_json, update_json_atomic
+from rlflow.cost.inputs import random_inputs
+from rlflow.cost.session import OrtSettings, make_session
+from rlflow.cost.source import ModelLike, ModelSource
+from rlflow.errors import RlflowError
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The latency of one graph under named settings (ms, wall clock around session.run)."""
+
+    graph_hash: str
+    min_ms: float
+    median_ms: float
+    runs: int
+    threads: int
+    ort_level: str
+    provider: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Several graphs timed in one interleaved run; graph 0 is the reference.
+
+    `ratios[i]` = min(graph i) / min(graph 0): below 1 means graph i is faster.
+    `pair_ratio_medians[i]` = median over k of run_k(graph i) / run_k(graph 0).
+    """
+
+    measurements: tuple[Measurement, ...]
+    ratios: tuple[float, ...]
+    pair_ratio_medians: tuple[float, ...]
+
+    @property
+    def speedups(self) -> tuple[float, ...]:
+        """min(graph 0) / min(graph i): above 1 means graph i is faster."""
+        return tuple(1.0 / ratio for ratio in self.ratios)
+
+    def fastest(self) -> int:
+        """Index of the graph with the smallest minimum time."""
+        return min(range(len(self.measurements)), key=lambda i: self.measurements[i].min_ms)
+
+
+class Runner:
+    """Times graphs in onnxruntime under fixed settings.
+
+    Args:
+        settings: provider, threads and ORT optimisation level (default: 1 thread, level all).
+        warmup: untimed runs per graph before timing starts.
+        runs: timed runs per graph (rounded up to whole blocks).
+        block: consecutive runs of one graph before switching to the next.
+        seed: seed of the random inputs (made once per model).
+        cache_path: a JSON file to keep results across processes; None keeps them in memory.
+    """
+
+    def __init__(
+        self,
+        settings: OrtSettings | None = None,
+        *,
+        warmup: int = 3,
+        runs: int = 30,
+        block: int = 5,
+        seed: int = 0,
+        cache_path: str | os.PathLike | None = None,
+    ) -> None:
+        if runs < 1 or block < 1 or warmup < 0:
+            raise RlflowError("runs and block must be at least 1, warmup at least 0")
+        self.settings = (settings or OrtSettings()).resolved()
+        self.warmup, self.runs, self.block, self.seed = warmup, runs, block, seed
+        self.cache_path = Path(cache_path) if cache_path is not None else None
+        self._cache: dict[str, Any] = read_json(self.cache_path) if self.cache_path else {}
+        self.sessions_built = 0
+        """How many onnxruntime sessions this Runner has built (a cache hit builds none)."""
+
+    # ---- public -----------------------------------------------------------------------------
+
+    def measure(self, model: ModelLike, *, use_cache: bool = True) -> Measurement:
+        """The latency of one graph."""
+        source = ModelSource(model)
+        key = self._key("measure", [source.graph_hash])
+        if use_cache and key in self._cache:
+            return Measurement(**self._cache[key])
+        times = self._time([source])[0]
+        measurement = self._measurement(source, times)
+        self._store(key, asdict(measurement))
+        return measurement
+
+    def compare(self, models: Sequence[ModelLike], *, use_cache: bool = True) -> Comparison:
+        """Time graphs interleaved in one run; ratios are relative to models[0].
+
+        Inputs must have the same names, dtypes and shapes in every graph: each graph gets
+        the same random arrays.
+        """
+        if not models:
+            raise RlflowError("compare needs at least one model")
+        # One source per distinct object, so a model compared with itself is serialized once.
+        by_id: dict[int, ModelSource] = {}
+        for model in models:
+            if id(model) not in by_id:
+                by_id[id(model)] = ModelSource(model)
+        sources = [by_id[id(model)] for model in models]
+        signature = sorted((s.name, s.dtype, s.shape) for s in sources[0].inputs)
+        for index, source in enumerate(sources[1:], start=1):
+            if sorted((s.name, s.dtype, s.shape) for s in source.inputs) != signature:
+                raise RlflowError(f"model {index} does not take the same inputs as model 0")
+        key = self._key("compare", [source.graph_hash for source in sources])
+        if use_cache and key in self._cache:
+            return _comparison_from_dict(self._cache[key])
+        times = self._time(sources)
+        reference = np.asarray(times[0])
+        measurements = tuple(self._measurement(s, t) for s, t in zip(sources, times))
+        comparison = Comparison(
+            measurements=measurements,
+            ratios=tuple(m.min_ms / measurements[0].min_ms for m in measurements),
+            pair_ratio_medians=tuple(
+                float(np.median(np.asarray(t) / reference)) for t in times
+            ),
+        )
+        self._store(key, asdict(comparison))
+        return comparison
+
+    # ---- timing -----------------------------------------------------------------------------
+
+    def _time(self, sources: list[ModelSource]) -> list[list[float]]:
+        """Per graph, `runs` wall times in ms, graphs alternated block by block."""
+        for source in sources:
+            source.require_static_inputs()
+        sessions, feeds, output_names = [], [], []
+        for index, source in enumerate(sources):
+            try:
+                session = make_session(source.model_bytes(), self.settings)
+            except Exception as error:  # onnxruntime raises several types for a bad model
+                raise RlflowError(
+                    f"onnxruntime cannot load model {index}: {_first_line(error)}"
+                ) from None
+            self.sessions_built += 1
+            arrays = random_inputs(source.inputs, source.metadata, self.seed)
+            # Inputs wrapped once as OrtValues: a timed run then does no numpy conversion.
+            feeds.append({n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in arrays.items()})
+            output_names.append([output.name for output in session.get_outputs()])
+            sessions.append(session)
+        for source in sources:
+            source.release()  # each session holds its own copy of the model; free ours
+
+        def run(index: int) -> float:
+            start = time.perf_counter_ns()
+            sessions[index].run_with_ort_values(output_names[index], feeds[index])
+            return (time.perf_counter_ns() - start) / 1e6
+
+        times: list[list[float]] = [[] for _ in sources]
+        rounds = -(-self.runs // self.block)
+        gc_was_enabled = gc.isenabled()
+        gc.disable()  # a collection inside a timed run would land on one graph only
+        try:
+            for index in range(len(sources)):
+                try:
+                    for _ in range(self.warmup):
+                        run(index)
+                except Exception as error:
+                    raise RlflowError(
+                        f"onnxruntime cannot run model {index}: {_first_line(error)}"
+                    ) from None
+            for round_index in range(rounds):
+                order = range(len(sources))
+                for index in order if round_index % 2 == 0 else reversed(order):
+                    times[index].extend(run(index) for _ in range(self.block))
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return times
+
+    def _measurement(self, source: ModelSource, times: list[float]) -> Measurement:
+        return Measurement(
+            graph_hash=source.graph_hash,
+            min_ms=min(times),
+            median_ms=statistics.median(times),
+            runs=len(times),
+            threads=self.settings.threads,
+            ort_level=self.settings.ort_level,
+            provider=self.settings.provider,
+        )
+
+    # ---- cache ------------------------------------------------------------------------------
+
+    def _key(self, kind: str, hashes: list[str]) -> str:
+        protocol = f"warmup={self.warmup},runs={self.runs},block={self.block},seed={self.seed}"
+        return f"{kind}|{'|'.join(hashes)}|{self.settings.key()}|{protocol}"
+
+    def _store(self, key: str, entry: dict[str, Any]) -> None:
+        self._cache[key] = entry
+        if self.cache_path is not None:
+            self._cache.update(update_json_atomic(self.cache_path, {key: entry}))
+
+
+def _comparison_from_dict(entry: dict[str, Any]) -> Comparison:
+    return Comparison(
+        measurements=tuple(Measurement(**m) for m in entry["measurements"]),
+        ratios=tuple(entry["ratios"]),
+        pair_ratio_medians=tuple(entry["pair_ratio_medians"]),
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__

@@ -1,0 +1,15 @@
+"""The graph IR: load an ONNX model into a Graph with static shapes, hash it, write it back."""
+
+from rlflow.graph.ir import Graph, GraphError, Node, Value, fresh_name, topological_order
+from rlflow.graph.onnx_io import graph_to_onnx, load_model
+
+__all__ = [
+    "Graph",
+    "GraphError",
+    "Node",
+    "Value",
+    "fresh_name",
+    "graph_to_onnx",
+    "load_model",
+    "topological_order",
+]

@@ -1,0 +1,191 @@
+"""The benchmark models of X-RLflow / RLFlow, built in our own code and exported to ONNX.
+
+``export(name, size, path)`` builds a model with fixed-seed random weights and writes it;
+``cached_path(name, size)`` keeps one export per model, size and ``ZOO_VERSION`` under
+``$RLFLOW_CACHE_DIR/zoo`` (default ``~/.cache/rlflow/zoo``).
+
+Exporter: the TorchScript-based ``torch.onnx.export(..., dynamo=False)`` at opset 18, with
+``training=TrainingMode.PRESERVE`` on a model in eval mode. Measured on torch 2.13:
+
+- it keeps BatchNormalization nodes: with ``training=EVAL`` (the default) its "eval peephole"
+  pass folds every BN into the preceding Conv, and the dynamo exporter's onnxscript optimizer
+  does the same; our own conv+batchnorm rule needs the BN nodes;
+- it still constant-folds weight transposes, and the graph is fully static and byte-for-byte
+  deterministic;
+- it takes ~0.1 s for a small model, where ``dynamo=True`` takes ~2 s.
+
+Every export carries ``metadata_props``: ``rlflow.zoo = "<name>:<size>"`` and, per integer
+input, ``rlflow.int_range.<input> = "low,high"`` (high exclusive) for drawing valid ids.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import uuid
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+import torch
+from onnx import numpy_helper
+
+from rlflow.errors import RlflowError
+from rlflow.zoo import cnns, transformers
+from rlflow.zoo.benchmark import Benchmark
+
+__all__ = ["MODEL_NAMES", "SIZES", "ZOO_VERSION", "OPSET", "describe", "export", "cached_path"]
+
+ZOO_VERSION = 1
+"""Bump whenever a definition, weight initialisation or export setting changes: cached files
+carry it in their name, so old exports are simply not found again."""
+
+OPSET = 18
+SIZES: tuple[str, ...] = ("small", "full")
+
+# name -> (one-line description with the full dims, builder)
+_MODELS: dict[str, tuple[str, Callable[[str], Benchmark]]] = {
+    "bert": (
+        "BERT encoder: seq 64, hidden 1024, 8 post-LN layers, 16 heads, FF 4096, vocab 30522",
+        transformers.build_bert,
+    ),
+    "vit-base": (
+        "ViT-Base: 1x3x128x128 image, 64 patches of 16, hidden 768, 12 layers, 12 heads, "
+        "MLP 3072, 1000 classes",
+        transformers.build_vit,
+    ),
+    "mini-dalle": (
+        "mini-DALL-E decoder: seq 16, hidden 768, 8 causal layers, 12 heads, GEGLU 2048, "
+        "vocab 16384",
+        transformers.build_mini_dalle,
+    ),
+    "transformer-transducer": (
+        "Transformer-Transducer: 80 frames x 80 features, d 512, 8 heads, FF 2048, 12 audio + "
+        "2 label layers, 16 labels, vocab 256, joint logits 1x80x16x256",
+        transformers.build_transformer_transducer,
+    ),
+    "inception-v3": (
+        "Inception-v3: 1x3x299x299, modules A x3, B, C x4, D, E x2, 1000 classes",
+        cnns.build_inception_v3,
+    ),
+    "resnext-50": (
+        "ResNeXt-50 32x4d: 1x3x224x224, bottlenecks [3, 4, 6, 3], 32 groups, 1000 classes",
+        cnns.build_resnext_50,
+    ),
+    "squeezenet-1.1": (
+        "SqueezeNet 1.1: 1x3x224x224, 8 Fire modules, no BatchNorm, 1000 classes",
+        cnns.build_squeezenet_1_1,
+    ),
+    "resnet-18": (
+        "ResNet-18: 1x3x224x224, basic blocks [2, 2, 2, 2], 1000 classes",
+        cnns.build_resnet_18,
+    ),
+    "resnet-50": (
+        "ResNet-50: 1x3x224x224, bottlenecks [3, 4, 6, 3], 1000 classes",
+        cnns.build_resnet_50,
+    ),
+}
+
+MODEL_NAMES: tuple[str, ...] = tuple(_MODELS)
+
+
+def _check(name: str, size: str = "small") -> None:
+    if name not in _MODELS:
+        raise RlflowError(f"unknown zoo model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    if size not in SIZES:
+        raise RlflowError(f"unknown zoo size {size!r}; valid sizes: {', '.join(SIZES)}")
+
+
+def describe(name: str) -> str:
+    """One line: what the model is, at its full (paper) size."""
+    _check(name)
+    return _MODELS[name][0]
+
+
+def build(name: str, size: str) -> Benchmark:
+    """The torch module and example inputs of a zoo model, with its fixed-seed weights."""
+    _check(name, size)
+    # A seed per name (not per position in the table) keeps weights stable if models are added.
+    torch.manual_seed(zlib.crc32(name.encode()))
+    return _MODELS[name][1](size)
+
+
+def to_onnx(name: str, size: str) -> onnx.ModelProto:
+    """Build a zoo model and export it to an in-memory ONNX model (see the module docstring)."""
+    benchmark = build(name, size)
+    buffer = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        # The legacy exporter warns that it is legacy and that PRESERVE mode should not
+        # constant-fold (a concern for models in training mode only; ours is in eval mode).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message="It is recommended that constant folding")
+        torch.onnx.export(
+            benchmark.module,
+            tuple(benchmark.inputs.values()),
+            buffer,
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=list(benchmark.inputs),
+            output_names=[benchmark.output],
+            training=torch.onnx.TrainingMode.PRESERVE,
+            do_constant_folding=True,
+        )
+    model = onnx.load_from_string(buffer.getvalue())
+    _lift_constants(model.graph)
+    props = {"rlflow.zoo": f"{name}:{size}"}
+    for input_name, (low, high) in benchmark.int_ranges.items():
+        props[f"rlflow.int_range.{input_name}"] = f"{low},{high}"
+    onnx.helper.set_model_props(model, props)
+    model.doc_string = f"rlflow zoo {name} ({size}); full size: {describe(name)}"
+    return model
+
+
+def _lift_constants(graph: onnx.GraphProto) -> None:
+    """Turn Constant nodes (the legacy exporter's reshape shapes, masks, ...) into initializers,
+    so node counts and rewrite sites only see real operators."""
+    kept = []
+    for node in graph.node:
+        value = next((a for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None:
+            tensor = numpy_helper.from_array(numpy_helper.to_array(value.t), node.output[0])
+            graph.initializer.append(tensor)
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def export(name: str, size: str, path: str | Path) -> Path:
+    """Export zoo model ``name`` at ``size`` ("small" or "full") to ``path``, atomically."""
+    _check(name, size)
+    path = Path(path)
+    model = to_onnx(name, size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A temporary name that never ends in .onnx, renamed only once complete: a killed export
+    # leaves at worst a stray *.tmp, never a truncated model under the real name.
+    # A unique name per writer lets concurrent exports of one model race harmlessly.
+    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        onnx.save_model(model, tmp_path, save_as_external_data=False)
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def cache_dir() -> Path:
+    """``$RLFLOW_CACHE_DIR/zoo``, or ``~/.cache/rlflow/zoo`` when the variable is unset."""
+    root = os.environ.get("RLFLOW_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "rlflow") / "zoo"
+
+
+def cached_path(name: str, size: str = "small") -> Path:
+    """The cached export of ``name`` at ``size``, exporting it first if it is not there yet."""
+    _check(name, size)
+    path = cache_dir() / f"{name}-{size}-v{ZOO_VERSION}.onnx"
+    if not path.exists():
+        export(name, size, path)
+    return path

@@ -1,0 +1,33 @@
+"""rlflow: learn to make neural-network graphs run faster by verified graph rewriting."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="rlflow",
+    version="0.1.0",
+    description="Reinforcement-learned, verified tensor-graph rewriting on ONNX (X-RLflow, RLFlow)",
+    python_requires=">=3.11",
+    packages=find_packages(include=["rlflow", "rlflow.*", "worldmodel", "worldmodel.*",
+                                    "envs", "envs.*"]),
+    package_data={"rlflow": ["rewrite/rules/*.json"]},
+    include_package_data=True,
+    install_requires=[
+        # torch is pinned by scripts/setup_venv.sh before this install: a plain "torch"
+        # requirement would pull a multi-GB CUDA build.
+        "torch>=2.4",
+        "torch-geometric>=2.5",
+        "gymnasium>=1.0",
+        "tensorboard>=2.15",
+        "numpy>=1.26",
+        "onnx>=1.16",
+        "onnxscript>=0.2",
+        # GPU users: pip uninstall onnxruntime && pip install onnxruntime-gpu (same code path).
+        "onnxruntime>=1.18",
+        "einops>=0.7",
+        "pyyaml>=6",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+    ],
+    extras_require={"dev": ["pytest>=8", "ruff>=0.5"]},
+    entry_points={"console_scripts": ["rlflow=rlflow.cli:main"]},
+)

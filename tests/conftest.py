@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny ONNX models built by hand, and a runner for the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "test",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        initializer=[numpy_helper.from_array(a, n) for n, a in initializers],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def run_onnx(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for a model's inputs; int inputs within its rlflow.int_range metadata."""
+    rng = np.random.default_rng(seed)
+    ranges = {
+        p.key.removeprefix("rlflow.int_range."): tuple(int(x) for x in p.value.split(","))
+        for p in model.metadata_props
+        if p.key.startswith("rlflow.int_range.")
+    }
+    initializers = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in initializers:
+            continue
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        if np.issubdtype(dtype, np.integer):
+            low, high = ranges.get(vi.name, (0, 2))
+            feeds[vi.name] = rng.integers(low, high, size=shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[vi.name] = rng.random(shape) < 0.5
+        else:
+            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+@pytest.fixture
+def mlp_model() -> onnx.ModelProto:
+    """x[2,8] -> MatMul W1 -> Add b1 -> Relu -> MatMul W2 -> y[2,4]."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["y"]),
+    ]
+    inits = [
+        ("w1", rng.standard_normal((8, 16)).astype(np.float32)),
+        ("b1", rng.standard_normal(16).astype(np.float32)),
+        ("w2", rng.standard_normal((16, 4)).astype(np.float32)),
+    ]
+    return make_model(nodes, [("x", [2, 8])], ["y"], inits)
