@@ -60,7 +60,9 @@ def _read(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
-        raise RlflowError(f"{path} is not a valid ONNX model ({_short(error)})") from None
+        # Outputs without a declared shape are legal ONNX that onnxruntime runs; we infer them.
+        if "Field 'shape' of 'type' is required" not in str(error):
+            raise RlflowError(f"{path} is not a valid ONNX model ({_short(error)})") from None
     return model
 
 

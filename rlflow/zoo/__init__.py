@@ -14,6 +14,10 @@ Exporter: the TorchScript-based ``torch.onnx.export(..., dynamo=False)`` at opse
   deterministic;
 - it takes ~0.1 s for a small model, where ``dynamo=True`` takes ~2 s.
 
+It is deprecated (a DeprecationWarning, silenced here) but present in torch 2.4-2.13. Should it
+go, the way out is ``dynamo=True, optimize=False`` followed by onnxscript's optimizer without
+its ``fuse_batchnorm`` rules.
+
 Every export carries ``metadata_props``: ``rlflow.zoo = "<name>:<size>"`` and, per integer
 input, ``rlflow.int_range.<input> = "low,high"`` (high exclusive) for drawing valid ids.
 """
@@ -36,7 +40,18 @@ from rlflow.errors import RlflowError
 from rlflow.zoo import cnns, transformers
 from rlflow.zoo.benchmark import Benchmark
 
-__all__ = ["MODEL_NAMES", "SIZES", "ZOO_VERSION", "OPSET", "describe", "export", "cached_path"]
+__all__ = [
+    "MODEL_NAMES",
+    "OPSET",
+    "SIZES",
+    "ZOO_VERSION",
+    "build",
+    "cache_dir",
+    "cached_path",
+    "describe",
+    "export",
+    "to_onnx",
+]
 
 ZOO_VERSION = 1
 """Bump whenever a definition, weight initialisation or export setting changes: cached files

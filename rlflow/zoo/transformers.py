@@ -1,7 +1,8 @@
 """The four transformer benchmarks of X-RLflow / RLFlow: BERT, ViT, mini-DALL-E and
 Transformer-Transducer.
 
-Full sizes follow the papers' benchmark table (X-RLflow, He et al. 2023, Table 1):
+Full sizes are those of the papers' benchmark set (X-RLflow, He et al. 2023; RLFlow); where
+the papers leave a detail open (norm placement, activation), the original model's choice is used:
 
 - BERT: seq 64, hidden 1024, 8 post-LN layers, 16 heads, FF 4096 (GELU), vocab 30522.
 - ViT-Base: 64 patches (1x3x128x128 image, patch 16), hidden 768, 12 pre-LN layers, 12 heads,

@@ -121,3 +121,24 @@ def test_torch_transformer_dynamo_round_trips(tmp_path):
     path = export(model, (torch.randn(1, 6, 32), torch.randn(1, 5, 32)),
                   tmp_path / "transformer.onnx", dynamo=True)
     assert_round_trip(path, atol=1e-4)
+
+
+def _zoo_names() -> tuple[str, ...]:
+    from rlflow.zoo import MODEL_NAMES
+
+    return MODEL_NAMES
+
+
+@pytest.mark.parametrize("name", _zoo_names())
+def test_small_zoo_model_round_trips(name):
+    from rlflow.zoo import cached_path
+
+    assert_round_trip(cached_path(name, "small"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _zoo_names())
+def test_full_zoo_model_round_trips(name):
+    from rlflow.zoo import cached_path
+
+    assert_round_trip(cached_path(name, "full"), atol=1e-4)
