@@ -58,7 +58,7 @@ def _read(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.graph.node and not model.graph.output:
         raise RlflowError(f"{path} is not a valid ONNX model (it holds no graph)")
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(_without_weights(model))
     except onnx.checker.ValidationError as error:
         # Outputs without a declared shape are legal ONNX that onnxruntime runs; we infer them.
         if "Field 'shape' of 'type' is required" not in str(error):
@@ -66,11 +66,38 @@ def _read(path: str | os.PathLike) -> onnx.ModelProto:
     return model
 
 
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with large initializers turned into typed inputs, for a fast structural check.
+
+    The checker serialises the whole model; with 0.5 GB of weights that dominates load time.
+    """
+    graph = model.graph
+    light_graph = onnx.GraphProto(name=graph.name)
+    light_graph.node.extend(graph.node)
+    light_graph.input.extend(graph.input)
+    light_graph.output.extend(graph.output)
+    light_graph.value_info.extend(graph.value_info)
+    listed = {vi.name for vi in graph.input}
+    for tensor in graph.initializer:
+        if len(tensor.raw_data) <= 1 << 16 or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            light_graph.initializer.append(tensor)
+        elif tensor.name not in listed:
+            light_graph.input.append(
+                helper.make_tensor_value_info(tensor.name, tensor.data_type, tensor.dims)
+            )
+    light = onnx.ModelProto(
+        ir_version=model.ir_version, graph=light_graph, producer_name=model.producer_name
+    )
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    return light
+
+
 def graph_from_onnx(
     model: onnx.ModelProto, input_shapes: dict[str, Sequence[int]], label: str = "model"
 ) -> Graph:
     onnx_graph = model.graph
-    initializers = {t.name: numpy_helper.to_array(t) for t in onnx_graph.initializer}
+    initializers = {t.name: _tensor_to_array(t) for t in onnx_graph.initializer}
     opset_import = list(model.opset_import)
     # Old exporters list initializers among the inputs too; they are constants, not inputs.
     input_protos = [vi for vi in onnx_graph.input if vi.name not in initializers]
@@ -192,6 +219,19 @@ def _model_with(model, nodes, inputs, outputs, initializers) -> onnx.ModelProto:
     working = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
     working.functions.extend(model.functions)
     return working
+
+
+def _tensor_to_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """A read-only array over the tensor's raw bytes (one copy, where to_array makes two).
+
+    Read-only is what we want: constants are shared between graphs and never mutated.
+    """
+    if tensor.raw_data and tensor.data_location != onnx.TensorProto.EXTERNAL:
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        if dtype.kind in "biuf" and dtype.itemsize in (1, 2, 4, 8) and dtype.isnative:
+            array = np.frombuffer(tensor.raw_data, dtype=dtype)
+            return array.reshape(tuple(tensor.dims))
+    return numpy_helper.to_array(tensor)
 
 
 def _node_from_proto(proto: onnx.NodeProto) -> Node:
