@@ -54,8 +54,11 @@ def synthetic_model(path: str, blocks: int = 250, width: int = 64) -> str:
         ]
         x = f"y{i}"
     graph = helper.make_graph(
-        nodes, "synthetic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])], initializer=inits,
+        nodes,
+        "synthetic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, width])],
+        initializer=inits,
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path
@@ -74,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             path = synthetic_model(str(zoo.cache_dir() / "synthetic-1000.onnx"))
         else:
             path = zoo.cached_path(name, args.size)
-        load_s, graph = timed(lambda: load_model(path), args.repeat)
-        export_s, _ = timed(lambda: graph.to_onnx().SerializeToString(), args.repeat)
+        load_s, graph = timed(lambda path=path: load_model(path), args.repeat)
+        export_s, _ = timed(lambda graph=graph: graph.to_onnx().SerializeToString(), args.repeat)
         weights_mb = sum(a.nbytes for a in graph.initializers.values()) / 2**20
         rows.append((name, len(graph.nodes), weights_mb, load_s, export_s))
 

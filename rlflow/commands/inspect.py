@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
         return 0
-    print(f"{summary['model']}: {summary['nodes']} nodes, {summary['constants']} constants "
-          f"({summary['weight_mb']} MB), loaded in {summary['load_s']} s")
+    print(
+        f"{summary['model']}: {summary['nodes']} nodes, {summary['constants']} constants "
+        f"({summary['weight_mb']} MB), loaded in {summary['load_s']} s"
+    )
     for kind in ("inputs", "outputs"):
         for name, text in summary[kind].items():
             print(f"  {kind[:-1]:<6} {name}: {text}")

@@ -109,7 +109,7 @@ class EquivalenceChecker:
             source.release()
 
     def check(self, candidate: ModelLike) -> EquivalenceReport:
-        """Compare `candidate` with the reference on every seed; never raises for a bad candidate."""
+        """Compare `candidate` with the reference on every seed (a bad candidate never raises)."""
         source = ModelSource(candidate)
         mismatch = self._signature_mismatch(source)
         if mismatch:
@@ -122,12 +122,14 @@ class EquivalenceChecker:
             source.release()
         output_names = [spec.name for spec in source.outputs]
         max_abs = max_rel = 0.0
-        for seed, feeds, expected in zip(self.seeds, self.feeds, self.expected):
+        for seed, feeds, expected in zip(self.seeds, self.feeds, self.expected, strict=True):
             try:
                 actual = session.run(output_names, feeds)
             except Exception as error:
-                return _not_equivalent(f"candidate fails to run (seed {seed}): {_first_line(error)}")
-            for spec, want, got in zip(self.outputs, expected, actual):
+                return _not_equivalent(
+                    f"candidate fails to run (seed {seed}): {_first_line(error)}"
+                )
+            for spec, want, got in zip(self.outputs, expected, actual, strict=True):
                 abs_err, rel_err, problem = self._compare(spec, np.asarray(want), np.asarray(got))
                 max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
                 if problem:
@@ -145,15 +147,15 @@ class EquivalenceChecker:
             return f"candidate has an extra input {got[name].describe()}"
         for name, spec in want.items():
             if (spec.dtype, spec.shape) != (got[name].dtype, got[name].shape):
-                return f"input {spec.describe()} in reference is {got[name].describe()} in candidate"
+                return f"input {spec.describe()} is {got[name].describe()} in candidate"
         if len(self.outputs) != len(source.outputs):
             return f"reference has {len(self.outputs)} outputs, candidate {len(source.outputs)}"
-        for index, (ref, cand) in enumerate(zip(self.outputs, source.outputs)):
+        for index, (ref, cand) in enumerate(zip(self.outputs, source.outputs, strict=True)):
             if self.match_output_names and ref.name != cand.name:
-                return f"output {index} is named {ref.name!r} in reference, {cand.name!r} in candidate"
+                return f"output {index} is named {ref.name!r}, in candidate {cand.name!r}"
             known = ref.shape is not None and cand.shape is not None
             if ref.dtype != cand.dtype or (known and ref.shape != cand.shape):
-                return f"output {index} is {ref.describe()} in reference, {cand.describe()} in candidate"
+                return f"output {index} is {ref.describe()}, in candidate {cand.describe()}"
         return ""
 
     def _compare(

@@ -22,12 +22,14 @@ from rlflow.errors import RlflowError
 INT_RANGE_PREFIX = "rlflow.int_range."
 DEFAULT_INT_RANGE = (0, 2)
 
+# fmt: off
 _FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
 _INT_TYPES = {
     onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
     onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32,
     onnx.TensorProto.UINT64,
 }
+# fmt: on
 
 
 def int_range(metadata: Mapping[str, str], input_name: str) -> tuple[int, int]:

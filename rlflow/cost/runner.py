@@ -12,18 +12,16 @@ from __future__ import annotations
 import gc
 import os
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from rlflow.cost.cache import read_json, update_json_atomic
 from rlflow.cost.inputs import random_inputs
-from rlflow.cost.session import OrtSettings, make_session
+from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, ModelSource
 from rlflow.errors import RlflowError
 
@@ -68,8 +66,12 @@ class Runner:
 
     Args:
         settings: provider, threads and ORT optimisation level (default: 1 thread, level all).
-        warmup: untimed runs per graph before timing starts.
-        runs: timed runs per graph (rounded up to whole blocks).
+        warmup: untimed runs per graph before timing starts (at least 1).
+        runs: at least this many timed runs per graph (rounded up to whole blocks).
+        min_time_s: and at least this much timed time per graph, judged from the warm-up
+            of the fastest graph: a sub-millisecond model gets thousands of runs, since a
+            minimum over a few ms of runs is at the mercy of one noisy moment.
+        max_runs: a cap on the runs per graph that `min_time_s` asks for.
         block: consecutive runs of one graph before switching to the next.
         seed: seed of the random inputs (made once per model).
         cache_path: a JSON file to keep results across processes; None keeps them in memory.
@@ -81,14 +83,17 @@ class Runner:
         *,
         warmup: int = 3,
         runs: int = 30,
+        min_time_s: float = 0.25,
+        max_runs: int = 5000,
         block: int = 5,
         seed: int = 0,
         cache_path: str | os.PathLike | None = None,
     ) -> None:
-        if runs < 1 or block < 1 or warmup < 0:
-            raise RlflowError("runs and block must be at least 1, warmup at least 0")
+        if min(runs, block, warmup, max_runs) < 1 or min_time_s < 0:
+            raise RlflowError("warmup, runs, max_runs and block must be at least 1")
         self.settings = (settings or OrtSettings()).resolved()
         self.warmup, self.runs, self.block, self.seed = warmup, runs, block, seed
+        self.min_time_s, self.max_runs = min_time_s, max(max_runs, runs)
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self._cache: dict[str, Any] = read_json(self.cache_path) if self.cache_path else {}
         self.sessions_built = 0
@@ -130,13 +135,11 @@ class Runner:
             return _comparison_from_dict(self._cache[key])
         times = self._time(sources)
         reference = np.asarray(times[0])
-        measurements = tuple(self._measurement(s, t) for s, t in zip(sources, times))
+        measurements = tuple(self._measurement(s, t) for s, t in zip(sources, times, strict=True))
         comparison = Comparison(
             measurements=measurements,
             ratios=tuple(m.min_ms / measurements[0].min_ms for m in measurements),
-            pair_ratio_medians=tuple(
-                float(np.median(np.asarray(t) / reference)) for t in times
-            ),
+            pair_ratio_medians=tuple(float(np.median(np.asarray(t) / reference)) for t in times),
         )
         self._store(key, asdict(comparison))
         return comparison
@@ -144,10 +147,10 @@ class Runner:
     # ---- timing -----------------------------------------------------------------------------
 
     def _time(self, sources: list[ModelSource]) -> list[list[float]]:
-        """Per graph, `runs` wall times in ms, graphs alternated block by block."""
+        """Per graph, the same number of wall times in ms, graphs alternated block by block."""
         for source in sources:
             source.require_static_inputs()
-        sessions, feeds, output_names = [], [], []
+        runners = []
         for index, source in enumerate(sources):
             try:
                 session = make_session(source.model_bytes(), self.settings)
@@ -156,36 +159,33 @@ class Runner:
                     f"onnxruntime cannot load model {index}: {_first_line(error)}"
                 ) from None
             self.sessions_built += 1
-            arrays = random_inputs(source.inputs, source.metadata, self.seed)
-            # Inputs wrapped once as OrtValues: a timed run then does no numpy conversion.
-            feeds.append({n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in arrays.items()})
-            output_names.append([output.name for output in session.get_outputs()])
-            sessions.append(session)
+            runners.append(
+                timed_run(session, random_inputs(source.inputs, source.metadata, self.seed))
+            )
         for source in sources:
             source.release()  # each session holds its own copy of the model; free ours
 
-        def run(index: int) -> float:
-            start = time.perf_counter_ns()
-            sessions[index].run_with_ort_values(output_names[index], feeds[index])
-            return (time.perf_counter_ns() - start) / 1e6
-
         times: list[list[float]] = [[] for _ in sources]
-        rounds = -(-self.runs // self.block)
         gc_was_enabled = gc.isenabled()
         gc.disable()  # a collection inside a timed run would land on one graph only
         try:
+            fastest_ms = float("inf")
             for index in range(len(sources)):
                 try:
-                    for _ in range(self.warmup):
-                        run(index)
+                    warm_ms = min(runners[index]() for _ in range(self.warmup))
                 except Exception as error:
                     raise RlflowError(
                         f"onnxruntime cannot run model {index}: {_first_line(error)}"
                     ) from None
+                fastest_ms = min(fastest_ms, warm_ms)
+            wanted = int(self.min_time_s * 1e3 / max(fastest_ms, 1e-3))
+            runs = max(self.runs, min(wanted, self.max_runs))
+            rounds = -(-runs // self.block)
             for round_index in range(rounds):
                 order = range(len(sources))
                 for index in order if round_index % 2 == 0 else reversed(order):
-                    times[index].extend(run(index) for _ in range(self.block))
+                    run = runners[index]
+                    times[index].extend(run() for _ in range(self.block))
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -205,7 +205,10 @@ class Runner:
     # ---- cache ------------------------------------------------------------------------------
 
     def _key(self, kind: str, hashes: list[str]) -> str:
-        protocol = f"warmup={self.warmup},runs={self.runs},block={self.block},seed={self.seed}"
+        protocol = (
+            f"warmup={self.warmup},runs={self.runs},min_time_s={self.min_time_s},"
+            f"max_runs={self.max_runs},block={self.block},seed={self.seed}"
+        )
         return f"{kind}|{'|'.join(hashes)}|{self.settings.key()}|{protocol}"
 
     def _store(self, key: str, entry: dict[str, Any]) -> None:

@@ -50,7 +50,7 @@ class ModelSource:
             self.metadata = {p.key: p.value for p in model.metadata_props}
         else:
             raise TypeError(f"expected a Graph or onnx.ModelProto, got {type(model).__name__}")
-        self._model: ModelLike | None = model
+        self._model = model
         self._bytes: bytes | None = None
         self._hash: str | None = None
 
@@ -61,14 +61,14 @@ class ModelSource:
             if isinstance(self._model, Graph):
                 self._hash = self._model.canonical_hash()
             else:
-                self._hash = "proto-" + hashlib.blake2b(self.model_bytes(), digest_size=16).hexdigest()
+                self._hash = (
+                    "proto-" + hashlib.blake2b(self.model_bytes(), digest_size=16).hexdigest()
+                )
         return self._hash
 
     def model_bytes(self) -> bytes:
-        """The serialized ModelProto (made once; `release()` frees it)."""
+        """The serialized ModelProto (made once, until `release()`)."""
         if self._bytes is None:
-            if self._model is None:
-                raise RuntimeError("model bytes were released")
             proto = self._model.to_onnx() if isinstance(self._model, Graph) else self._model
             written_version = proto.ir_version
             # onnx writes a newer IR version than onnxruntime reads; our models use nothing

@@ -104,7 +104,9 @@ def graph_from_onnx(
     unknown = set(input_shapes) - {vi.name for vi in input_protos}
     if unknown:
         names = ", ".join(sorted(vi.name for vi in input_protos))
-        raise RlflowError(f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}")
+        raise RlflowError(
+            f"--input-shape names unknown input(s) {sorted(unknown)}; inputs: {names}"
+        )
     inputs = [_static_input(vi, input_shapes.get(vi.name)) for vi in input_protos]
     dynamic = [f"{vi.name}{list(dims)}" for vi, dims in inputs if not _is_static(dims)]
     if dynamic:
@@ -134,8 +136,13 @@ def graph_from_onnx(
         for name in node.output
         if name and not _is_static(types.get(name, (0, None))[1])
     ]
-    missing += [o.name for o in onnx_graph.output if not _is_static(types.get(o.name, (0, None))[1])
-                and o.name not in missing and o.name not in initializers]
+    missing += [
+        o.name
+        for o in onnx_graph.output
+        if not _is_static(types.get(o.name, (0, None))[1])
+        and o.name not in missing
+        and o.name not in initializers
+    ]
     if missing:
         working = _model_with(model, nodes, static_inputs, onnx_graph.output, initializers)
         types.update(shapes_from_runtime(working, missing))
@@ -216,7 +223,9 @@ def _model_with(model, nodes, inputs, outputs, initializers) -> onnx.ModelProto:
         outputs,
         initializer=[numpy_helper.from_array(a, n) for n, a in initializers.items()],
     )
-    working = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    working = helper.make_model(
+        graph, opset_imports=model.opset_import, ir_version=model.ir_version
+    )
     working.functions.extend(model.functions)
     return working
 
@@ -253,7 +262,10 @@ def graph_to_onnx(graph: Graph) -> onnx.ModelProto:
         name = node.name if node.name and node.name not in used_names else f"{node.op_type}_{index}"
         used_names.add(name)
         proto = onnx.NodeProto(
-            op_type=node.op_type, name=name, domain=node.domain, input=node.inputs,
+            op_type=node.op_type,
+            name=name,
+            domain=node.domain,
+            input=node.inputs,
             output=node.outputs,
         )
         proto.attribute.extend(node.attrs.values())
@@ -282,8 +294,9 @@ def graph_to_onnx(graph: Graph) -> onnx.ModelProto:
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in opset.items()],
         producer_name="rlflow",
     )
-    if graph.ir_version:
-        model.ir_version = graph.ir_version
+    # Keep the source's IR version; a graph built in code gets the lowest that its opsets
+    # allow (onnx writes its newest by default, which onnxruntime may not read yet).
+    model.ir_version = graph.ir_version or helper.find_min_ir_version_for(model.opset_import)
     model.functions.extend(graph.functions)
     for key, value in graph.metadata.items():
         model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))

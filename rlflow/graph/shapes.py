@@ -17,8 +17,15 @@ _SMALL_CONST = 4096
 # which turns Shape->Gather->Unsqueeze->Concat->Reshape chains into plain constants.
 _FOLD_INPUT_LIMIT = 4096
 _NONDETERMINISTIC = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-     "Bernoulli", "Dropout"}
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Multinomial",
+        "Bernoulli",
+        "Dropout",
+    }
 )
 
 
@@ -96,8 +103,10 @@ def fold_constants(
 def _fold_one(node, initializers, types, opset_import) -> list[np.ndarray] | None:
     if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
         return None
-    if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for attr in node.attribute):
+    if any(
+        attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for attr in node.attribute
+    ):
         return None
     if node.op_type in ("Shape", "Size") and node.input[0] not in initializers:
         known = types.get(node.input[0])

@@ -67,3 +67,21 @@ def test_dynamic_dims_without_input_shape(bad_files):
 def test_bad_input_shape_syntax(bad_files):
     result = rlflow("inspect", str(bad_files["dynamic"]), "--input-shape", "x=3by4")
     assert_one_line_error(result, "--input-shape")
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "truncated"])
+def test_measure_rejects_bad_files(tmp_path, bad_files, kind):
+    path = tmp_path / "missing.onnx" if kind == "missing" else bad_files[kind]
+    assert_one_line_error(rlflow("measure", str(path)))
+
+
+def test_measure_vs_itself_is_equivalent(bad_files):
+    good = str(bad_files["good"])
+    result = rlflow("measure", good, "--vs", good, "--runs", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    import json
+
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["equivalent"] is True and payload["max_abs_err"] == 0.0
+    assert payload["ort_level"] == "all" and payload["threads"] == 1
+    assert payload["ratio"] > 0

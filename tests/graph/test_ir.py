@@ -118,7 +118,9 @@ def test_replaced_renames_readers_and_keeps_output_names(mlp_model):
     last = graph.producer("y")
     replacement = Node.make("MatMul", ["h2", "w2"], ["y_new"])
     derived = graph.replaced(
-        removed=[last], added=[replacement], renames={"y": "y_new"},
+        removed=[last],
+        added=[replacement],
+        renames={"y": "y_new"},
         values=[Value("y_new", TensorProto.FLOAT, (2, 4))],
     )
     assert [v.name for v in derived.outputs] == ["y"]

@@ -96,14 +96,23 @@ def test_torch_transformer_with_dynamic_axes_round_trips(tmp_path):
     """nn.Transformer exported with dynamic batch and sequence: needs --input-shape."""
     torch.manual_seed(0)
     model = nn.Transformer(
-        d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=64,
-        dropout=0.0, batch_first=True,
+        d_model=32,
+        nhead=4,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dim_feedforward=64,
+        dropout=0.0,
+        batch_first=True,
     )
     src, tgt = torch.randn(2, 6, 32), torch.randn(2, 5, 32)  # batch 1 would be specialised
     batch, s, t = torch.export.Dim("batch"), torch.export.Dim("s"), torch.export.Dim("t")
     path = export(
-        model, (src, tgt), tmp_path / "transformer.onnx", dynamo=True,
-        input_names=["src", "tgt"], output_names=["out"],
+        model,
+        (src, tgt),
+        tmp_path / "transformer.onnx",
+        dynamo=True,
+        input_names=["src", "tgt"],
+        output_names=["out"],
         dynamic_shapes={"src": {0: batch, 1: s}, "tgt": {0: batch, 1: t}},
     )
     assert_round_trip(path, {"src": (2, 7, 32), "tgt": (2, 4, 32)}, atol=1e-4)
@@ -115,11 +124,20 @@ def test_torch_transformer_with_dynamic_axes_round_trips(tmp_path):
 def test_torch_transformer_dynamo_round_trips(tmp_path):
     torch.manual_seed(0)
     model = nn.Transformer(
-        d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=64,
-        dropout=0.0, batch_first=True,
+        d_model=32,
+        nhead=4,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        dim_feedforward=64,
+        dropout=0.0,
+        batch_first=True,
     )
-    path = export(model, (torch.randn(1, 6, 32), torch.randn(1, 5, 32)),
-                  tmp_path / "transformer.onnx", dynamo=True)
+    path = export(
+        model,
+        (torch.randn(1, 6, 32), torch.randn(1, 5, 32)),
+        tmp_path / "transformer.onnx",
+        dynamo=True,
+    )
     assert_round_trip(path, atol=1e-4)
 
 

@@ -1,0 +1,99 @@
+"""`rlflow measure MODEL [--vs OTHER]`: real end-to-end latency in onnxruntime.
+
+With --vs, both models are timed in one interleaved run (the only comparison that survives
+a noisy machine) and, when their inputs and outputs match, checked for equivalence.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rlflow.commands.common import (
+    add_model_arguments,
+    model_label,
+    print_json,
+    resolve_model,
+)
+from rlflow.cost import OrtSettings, Runner, check_equivalence
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("measure", help="measure latency (and compare with --vs)")
+    add_model_arguments(parser)
+    parser.add_argument("--vs", metavar="OTHER", help="a second model, timed interleaved")
+    add_ort_arguments(parser)
+    parser.add_argument("--runs", type=int, default=30, help="timed runs per model (minimum)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(run=run)
+
+
+def add_ort_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
+    parser.add_argument(
+        "--ort-level",
+        choices=("all", "extended", "basic", "disable"),
+        default="all",
+        help="onnxruntime's own graph optimisation level (default all)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
+    runner = Runner(settings, runs=args.runs)
+    models = [resolve_model(args.model, args.size, args.input_shape)]
+    labels = [model_label(args.model, args.size)]
+    if args.vs:
+        models.append(resolve_model(args.vs, args.size, args.input_shape))
+        labels.append(model_label(args.vs, args.size))
+    comparison = runner.compare(models)
+    result = {
+        "model": labels[0],
+        "min_ms": comparison.measurements[0].min_ms,
+        "median_ms": comparison.measurements[0].median_ms,
+        "runs": comparison.measurements[0].runs,
+        "threads": settings.threads,
+        "ort_level": settings.ort_level,
+        "provider": settings.provider,
+    }
+    if args.vs:
+        other = comparison.measurements[1]
+        report = check_equivalence(models[0], models[1])
+        result.update(
+            vs=labels[1],
+            vs_min_ms=other.min_ms,
+            vs_median_ms=other.median_ms,
+            ratio=comparison.ratios[1],
+            speedup=comparison.speedups[1],
+            pair_ratio_median=comparison.pair_ratio_medians[1],
+            equivalent=report.equivalent,
+            max_abs_err=report.max_abs_err,
+            equivalence_note=report.reason,
+        )
+    if args.json:
+        print_json(result)
+    else:
+        print_table(result, comparison, labels)
+    return 0
+
+
+def print_table(result: dict, comparison, labels: list[str]) -> None:
+    width = max(len(label) for label in labels)
+    print(f"{'model':<{width}}  {'min ms':>10}  {'median ms':>10}  {'runs':>6}")
+    for label, measurement in zip(labels, comparison.measurements):
+        print(
+            f"{label:<{width}}  {measurement.min_ms:>10.3f}  {measurement.median_ms:>10.3f}  "
+            f"{measurement.runs:>6}"
+        )
+    if "vs" in result:
+        print(
+            f"ratio {result['vs']} / {result['model']} (min over runs): {result['ratio']:.3f}"
+            f"  -> speedup {result['speedup']:.3f}x"
+            f"  (median per-pair ratio {result['pair_ratio_median']:.3f})"
+        )
+        verdict = "yes" if result["equivalent"] else "no"
+        note = "" if result["equivalent"] else f" ({result['equivalence_note']})"
+        print(f"equivalent: {verdict}, max abs error {result['max_abs_err']:.2e}{note}")
+    print(
+        f"settings: {result['threads']} thread(s), ort-level {result['ort_level']}, "
+        f"provider {result['provider']}, interleaved in one run"
+    )

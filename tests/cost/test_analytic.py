@@ -1,0 +1,124 @@
+"""The analytic model: FLOP and byte formulas, the roofline time, and the cached machine peaks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from rlflow.cost import AnalyticCostModel, MachinePeaks, OrtSettings, machine_peaks, op_cost
+from rlflow.cost import peaks as peaks_module
+from rlflow.graph import load_model
+
+F = TensorProto.FLOAT
+PEAKS = MachinePeaks(gflops=100.0, gbps=10.0)
+
+
+def t(*shape: int, dtype: int = F):
+    return (tuple(shape), dtype)
+
+
+def test_matmul_flops_grow_with_size():
+    small = op_cost("MatMul", (t(64, 64), t(64, 64)), (t(64, 64),))
+    large = op_cost("MatMul", (t(128, 128), t(128, 128)), (t(128, 128),))
+    assert small.flops == 2 * 64**3 and large.flops == 2 * 128**3
+    assert large.bytes > small.bytes > 0
+    model = AnalyticCostModel(PEAKS)
+    assert model.op_time_ms(large) > model.op_time_ms(small) > 0
+
+
+def test_gemm_and_grouped_conv():
+    gemm = op_cost("Gemm", (t(32, 64), t(64, 16), t(16)), (t(32, 16),), (("transA", 0),))
+    assert gemm.flops == 2 * 32 * 16 * 64 + 32 * 16
+    dense = op_cost("Conv", (t(1, 64, 28, 28), t(64, 64, 3, 3), t(64)), (t(1, 64, 28, 28),))
+    grouped = op_cost("Conv", (t(1, 64, 28, 28), t(64, 16, 3, 3), t(64)), (t(1, 64, 28, 28),))
+    out = 64 * 28 * 28
+    assert dense.flops == 2 * out * 64 * 9 + out
+    assert grouped.flops == 2 * out * 16 * 9 + out
+
+
+# The operators the zoo uses, each with a plausible signature.
+ZOO_OPS = [
+    ("BatchNormalization", (t(1, 8, 4, 4), t(8), t(8), t(8), t(8)), (t(1, 8, 4, 4),), ()),
+    ("Relu", (t(4, 8),), (t(4, 8),), ()),
+    ("Add", (t(4, 8), t(8)), (t(4, 8),), ()),
+    ("Mul", (t(4, 8), t(4, 8)), (t(4, 8),), ()),
+    ("Sub", (t(4, 8), t(1)), (t(4, 8),), ()),
+    ("Div", (t(4, 8), t(1)), (t(4, 8),), ()),
+    ("Pow", (t(4, 8), t(1)), (t(4, 8),), ()),
+    ("Sqrt", (t(4, 8),), (t(4, 8),), ()),
+    ("Softmax", (t(4, 8),), (t(4, 8),), ()),
+    ("LayerNormalization", (t(4, 8), t(8), t(8)), (t(4, 8),), ()),
+    ("Gelu", (t(4, 8),), (t(4, 8),), ()),
+    ("Erf", (t(4, 8),), (t(4, 8),), ()),
+    ("Tanh", (t(4, 8),), (t(4, 8),), ()),
+    ("Sigmoid", (t(4, 8),), (t(4, 8),), ()),
+    ("Where", (t(4, 8, dtype=TensorProto.BOOL), t(4, 8), t(1)), (t(4, 8),), ()),
+    ("ReduceMean", (t(4, 8), t(1, dtype=TensorProto.INT64)), (t(4, 1),), ()),
+    ("Cast", (t(4, 8),), (t(4, 8, dtype=TensorProto.FLOAT16),), ()),
+    ("Transpose", (t(4, 8),), (t(8, 4),), ()),
+    ("Concat", (t(4, 8), t(4, 8)), (t(8, 8),), ()),
+    ("Split", (t(8, 8),), (t(4, 8), t(4, 8)), ()),
+    ("Slice", (t(8, 8), t(1, dtype=7), t(1, dtype=7)), (t(4, 8),), ()),
+    ("Gather", (t(100, 8), t(4, dtype=7)), (t(4, 8),), ()),
+    ("Expand", (t(1, 8), t(2, dtype=7)), (t(4, 8),), ()),
+    ("MaxPool", (t(1, 8, 8, 8),), (t(1, 8, 4, 4),), (("kernel_shape", (2, 2)),)),
+    ("AveragePool", (t(1, 8, 8, 8),), (t(1, 8, 4, 4),), (("kernel_shape", (2, 2)),)),
+    ("GlobalAveragePool", (t(1, 8, 8, 8),), (t(1, 8, 1, 1),), ()),
+    ("SomeUnknownOp", (t(4, 8),), (t(4, 8),), ()),
+]
+
+
+@pytest.mark.parametrize("op_type, inputs, outputs, attrs", ZOO_OPS, ids=[o[0] for o in ZOO_OPS])
+def test_every_zoo_op_has_a_positive_cost(op_type, inputs, outputs, attrs):
+    cost = op_cost(op_type, inputs, outputs, attrs)
+    assert cost.bytes > 0
+    assert AnalyticCostModel(PEAKS).op_time_ms(cost) > 0
+    if op_type in ("Transpose", "Concat", "Split", "Slice", "Gather", "Expand", "SomeUnknownOp"):
+        assert cost.flops == 0  # pure data movement
+    else:
+        assert cost.flops > 0
+
+
+@pytest.mark.parametrize("op_type", ["Reshape", "Flatten", "Identity", "Dropout", "Squeeze"])
+def test_buffer_relabelling_ops_are_free(op_type):
+    cost = op_cost(op_type, (t(4, 8),), (t(32),))
+    assert cost.flops == 0 and cost.bytes == 0
+
+
+def test_graph_cost_is_the_sum_of_its_nodes(build):
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["m"]),
+        helper.make_node("Relu", ["m"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["y"]),
+    ]
+    consts = {"w": rng.standard_normal((64, 64)).astype(np.float32), "shape": np.array([-1])}
+    graph = load_model(build(nodes, [("x", F, [8, 64])], [("y", F, None)], consts))
+    model = AnalyticCostModel(PEAKS)
+    report = model.report(graph)
+    node_times = [model.node_time_ms(graph, node) for node in graph.nodes]
+    assert report.floor_ms == pytest.approx(sum(node_times)) == pytest.approx(model.cost_ms(graph))
+    assert report.ms_by_op["MatMul"] > report.ms_by_op["Relu"] > report.ms_by_op["Reshape"] == 0
+    assert report.flops == 2 * 8 * 64 * 64 + 8 * 64
+    with_overhead = AnalyticCostModel(PEAKS, overhead_ms=0.01).cost_ms(graph)
+    assert with_overhead == pytest.approx(report.floor_ms + 2 * 0.01)  # not for the Reshape
+
+
+def test_machine_peaks_are_measured_once_and_cached_on_disk(cache_dir, monkeypatch):
+    settings = OrtSettings()
+    measured = machine_peaks(settings)
+    assert measured.gflops > 0 and measured.gbps > 0
+    assert (cache_dir / "peaks.json").exists()
+
+    def no_measuring(_settings):
+        raise AssertionError("peaks were measured again")
+
+    monkeypatch.setattr(peaks_module, "measure_peaks", no_measuring)
+    monkeypatch.setattr(peaks_module, "_memory", {})  # as in a new process
+    assert machine_peaks(settings) == measured
+
+    # Measuring again in a slow moment must not lower a peak: the best of both is kept.
+    slow = MachinePeaks(gflops=1.0, gbps=1.0, cache_gbps=1.0, cache_bytes=measured.cache_bytes)
+    monkeypatch.setattr(peaks_module, "measure_peaks", lambda _settings: slow)
+    assert machine_peaks(settings, refresh=True) == measured

@@ -1,0 +1,97 @@
+"""The per-op cost model measures each distinct operator once, caches it, and never crashes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from rlflow.cost import OrtSettings, PerOpCostModel
+from rlflow.cost.perop import node_key
+from rlflow.graph import Graph, Node, Value, load_model
+
+
+def _block_model(build, weight_seed: int = 0, shape=(4, 64)):
+    """Gather of token ids, MatMul, Add, Relu twice, Reshape and Slice: values that matter."""
+    rng = np.random.default_rng(weight_seed)
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["e"]),
+        helper.make_node("MatMul", ["e", "w"], ["m"]),
+        helper.make_node("Add", ["m", "b"], ["a"]),
+        helper.make_node("Relu", ["a"], ["r1"]),
+        helper.make_node("Relu", ["r1"], ["r2"]),  # same signature as the first Relu
+        helper.make_node("Reshape", ["r2", "shape"], ["rs"]),
+        helper.make_node("Slice", ["rs", "starts", "ends", "axes"], ["y"]),
+        helper.make_node("Gather", ["r2", "picks"], ["p"], axis=2),
+    ]
+    consts = {
+        "emb": rng.standard_normal((50, 32)).astype(np.float32),
+        "w": rng.standard_normal((32, 32)).astype(np.float32),
+        "b": rng.standard_normal(32).astype(np.float32),
+        "shape": np.array(shape, np.int64),
+        "starts": np.array([1], np.int64),
+        "ends": np.array([3], np.int64),
+        "axes": np.array([0], np.int64),
+        "picks": np.array([30, 31], np.int64),  # random indices would overrun the axis of 32
+    }
+    return build(
+        nodes,
+        [("ids", TensorProto.INT64, [1, 8])],
+        [("y", TensorProto.FLOAT, None), ("p", TensorProto.FLOAT, None)],
+        consts,
+        {"rlflow.int_range.ids": "0,50"},
+    )
+
+
+def test_second_pass_measures_nothing(build, tmp_path):
+    graph = load_model(_block_model(build))
+    cache_path = tmp_path / "perop.sqlite"
+    first = PerOpCostModel(cache_path=cache_path, runs=3)
+    report = first.report(graph)
+    assert report.fallback_nodes == 0, report.fallback_reasons
+    assert report.measured_now == first.measured_ops == len(graph.nodes) - 1  # two Relus share
+    assert report.total_ms > 0
+    assert first.report(graph).measured_now == 0  # memory
+
+    second = PerOpCostModel(cache_path=cache_path, runs=3)  # a new process: from disk
+    again = second.report(graph)
+    assert second.measured_ops == 0 and again.measured_now == 0
+    assert again.total_ms == report.total_ms
+    assert set(again.ms_by_op) == {node.op_type for node in graph.nodes}
+
+
+def test_signature_ignores_weight_values_but_not_shape_values(build):
+    a = load_model(_block_model(build, weight_seed=0))
+    b = load_model(_block_model(build, weight_seed=1))
+    c = load_model(_block_model(build, shape=(8, 32)))
+    keys = {name: [node_key(g, n) for n in g.nodes] for name, g in [("a", a), ("b", b), ("c", c)]}
+    assert keys["a"] == keys["b"]
+    reshape = [i for i, node in enumerate(a.nodes) if node.op_type == "Reshape"][0]
+    assert keys["a"][reshape] != keys["c"][reshape]
+
+
+def test_unmeasurable_op_falls_back_to_analytic(tmp_path):
+    """An operator onnxruntime does not know is priced analytically and counted, not raised."""
+    values = {name: Value(name, TensorProto.FLOAT, (16, 16)) for name in ("x", "h", "y")}
+    nodes = [
+        Node("Frobnicate", ["x"], ["h"], domain="example.custom"),
+        Node("Relu", ["h"], ["y"]),
+    ]
+    graph = Graph(nodes, [values["x"]], [values["y"]], {}, values, {"": 17, "example.custom": 1})
+    model = PerOpCostModel(cache_path=tmp_path / "perop.sqlite", runs=2)
+    report = model.report(graph)
+    assert report.fallback_nodes == 1 and model.fallback_nodes == 1
+    assert "Frobnicate" in report.fallback_reasons
+    assert report.ms_by_op["Frobnicate"] > 0
+    again = PerOpCostModel(cache_path=tmp_path / "perop.sqlite", runs=2)
+    assert again.report(graph).fallback_nodes == 1
+    assert again.measured_ops == 0  # the failure is cached too: nobody retries it
+
+
+@pytest.mark.parametrize("ort_level", ["all", "disable"])
+def test_settings_are_part_of_the_key(build, tmp_path, ort_level):
+    graph = load_model(_block_model(build))
+    cache_path = tmp_path / "perop.sqlite"
+    PerOpCostModel(OrtSettings(ort_level="basic"), cache_path=cache_path, runs=2).report(graph)
+    other = PerOpCostModel(OrtSettings(ort_level=ort_level), cache_path=cache_path, runs=2)
+    assert other.report(graph).measured_now > 0
