@@ -8,6 +8,7 @@ search can keep thousands of graphs without copying weights.
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,14 +91,17 @@ class Node:
 
 
 _fresh_counter = itertools.count()
+# A per-process token: a model saved by one run and optimised again by another must not
+# meet its own names again.
+_fresh_token = secrets.token_hex(3)
 
 
 def fresh_name(prefix: str) -> str:
-    """A value or initializer name that no other graph in this process uses.
+    """A value or initializer name that no other graph uses (unique across processes).
 
     Rewrites must give new constants new names: weight digests are cached by name.
     """
-    return f"{prefix}__rl{next(_fresh_counter)}"
+    return f"{prefix}__rl{_fresh_token}_{next(_fresh_counter)}"
 
 
 class Graph:
@@ -126,6 +130,7 @@ class Graph:
         ir_version: int | None = None,
         functions: Sequence[onnx.FunctionProto] = (),
         _digests: dict[str, bytes] | None = None,
+        _parent_hashes: tuple[dict[str, bytes], dict[str, Node]] | None = None,
     ) -> None:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
@@ -149,6 +154,10 @@ class Graph:
         self._producers: dict[str, Node] | None = None
         self._consumers: dict[str, list[Node]] | None = None
         self._hash: str | None = None
+        # Value hashes of the graph this one was derived from: hashing reuses every value
+        # not downstream of the change (dropped once this graph's own hashes exist).
+        self._parent_hashes = _parent_hashes
+        self._value_hashes: dict[str, bytes] | None = None
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -169,9 +178,12 @@ class Graph:
 
     def producer(self, name: str) -> Node | None:
         """The node computing a value, or None for inputs and initializers."""
+        return self._producer_map().get(name)
+
+    def _producer_map(self) -> dict[str, Node]:
         if self._producers is None:
             self._producers = {out: node for node in self.nodes for out in node.outputs if out}
-        return self._producers.get(name)
+        return self._producers
 
     def consumers(self, name: str) -> list[Node]:
         """The nodes reading a value, in topological order."""
@@ -237,8 +249,16 @@ class Graph:
         Nodes and constants that no longer reach an output are dropped.
         """
         removed_ids = {id(node) for node in removed}
+        added = list(added)
+        # New nodes go where the first replaced node was: usually already a valid order,
+        # which topological_order then accepts in one pass instead of re-sorting.
+        first = next((i for i, n in enumerate(self.nodes) if id(n) in removed_ids), None)
         nodes = [node for node in self.nodes if id(node) not in removed_ids]
-        nodes.extend(added)
+        if first is None:
+            nodes.extend(added)
+        else:
+            kept_before = sum(1 for n in self.nodes[:first] if id(n) not in removed_ids)
+            nodes[kept_before:kept_before] = added
         new_initializers = dict(self.initializers)
         for const_name, array in (initializers or {}).items():
             old = self.initializers.get(const_name)
@@ -262,6 +282,9 @@ class Graph:
             self.ir_version,
             self.functions,
             _digests=self._digests,
+            _parent_hashes=(self._value_hashes, self._producer_map())
+            if self._value_hashes is not None
+            else None,
         )
         return graph.pruned()
 
@@ -293,6 +316,7 @@ class Graph:
             self.ir_version,
             self.functions,
             _digests=self._digests,
+            _parent_hashes=self._parent_hashes,
         )
 
     def to_onnx(self) -> onnx.ModelProto:
@@ -362,6 +386,8 @@ def topological_order(nodes: list[Node], available: set[str]) -> list[Node]:
                 raise GraphError(f"{node.op_type} node reads {name!r}, which nothing produces")
             waiting[index] += 1
             readers[source].append(index)
+    if _is_ordered(nodes, available):
+        return nodes
     import heapq
 
     ready = [i for i, count in enumerate(waiting) if count == 0]
@@ -377,6 +403,17 @@ def topological_order(nodes: list[Node], available: set[str]) -> list[Node]:
     if len(order) != len(nodes):
         raise GraphError("graph has a cycle")
     return order
+
+
+def _is_ordered(nodes: list[Node], available: set[str]) -> bool:
+    """True when every node reads only values defined before it (one pass, no sorting)."""
+    defined = set(available)
+    for node in nodes:
+        for name in node.inputs:
+            if name not in defined:
+                return False
+        defined.update(node.outputs)
+    return True
 
 
 def _outer_scope_inputs(node: Node) -> set[str]:

@@ -47,3 +47,27 @@ def test_commutative_inputs_hash_alike():
         return load_model(make_model(nodes, [("x", [4])], ["y"], [("b", B)]))
 
     assert add(["x", "b"]).canonical_hash() == add(["b", "x"]).canonical_hash()
+
+
+def test_incremental_hash_of_derived_graphs_equals_a_fresh_hash():
+    """Graph.replaced reuses the parent's value hashes; the result must match a full rehash."""
+    from rlflow.graph import Graph
+    from rlflow.rewrite import default_ruleset
+    from rlflow.zoo import cached_path
+
+    graph = load_model(cached_path("inception-v3", "small"))
+    graph.canonical_hash()
+    candidates = default_ruleset().candidates(graph)
+    assert candidates
+    for candidate in candidates[:3]:
+        child = candidate.graph
+        for grandchild in [c.graph for c in default_ruleset().candidates(child)[:5]] + [child]:
+            fresh = Graph(
+                grandchild.nodes,
+                grandchild.inputs,
+                grandchild.outputs,
+                grandchild.initializers,
+                dict(grandchild.values),
+                grandchild.opset,
+            )
+            assert grandchild.canonical_hash() == fresh.canonical_hash()

@@ -159,4 +159,4 @@ def test_small_zoo_model_round_trips(name):
 def test_full_zoo_model_round_trips(name):
     from rlflow.zoo import cached_path
 
-    assert_round_trip(cached_path(name, "full"), atol=1e-4)
+    assert_round_trip(cached_path(name, "full"))

@@ -1,0 +1,134 @@
+"""`rlflow rules list | verify | generate | candidates MODEL`: the verified rule library."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rlflow.commands.common import add_model_arguments, model_label, print_json, resolve_model
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("rules", help="the rewrite rules: list, verify, generate")
+    actions = parser.add_subparsers(dest="rules_action", required=True, metavar="ACTION")
+
+    listing = actions.add_parser("list", help="every rule: ops, origin, verification status")
+    listing.add_argument("--portable", action="store_true", help="only plain-ONNX rules")
+    listing.add_argument("--json", action="store_true", help="print one JSON object last")
+
+    verify = actions.add_parser("verify", help="verify every rule on random inputs (cached)")
+    verify.add_argument("--refresh", action="store_true", help="ignore cached verdicts")
+    verify.add_argument("--json", action="store_true", help="print one JSON object last")
+
+    generate = actions.add_parser(
+        "generate",
+        help="regenerate the generated rules (rlflow rules generate --help)",
+        add_help=False,
+    )
+    generate.add_argument("generator_args", nargs=argparse.REMAINDER)
+
+    candidates = actions.add_parser("candidates", help="the candidate rewrites of a model")
+    add_model_arguments(candidates)
+    candidates.add_argument("--portable", action="store_true", help="only plain-ONNX rules")
+    candidates.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rules_action == "generate":
+        from rlflow.rewrite import generator
+
+        return generator.main(args.generator_args)
+    if args.rules_action == "list":
+        return _list(args)
+    if args.rules_action == "verify":
+        return _verify(args)
+    return _candidates(args)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from rlflow.rewrite import list_rules
+
+    records = [r for r in list_rules() if r["portable"] or not args.portable]
+    if args.json:
+        print_json({"rules": records, "count": len(records)})
+        return 0
+    width = max(len(r["name"]) for r in records)
+    header = f"{'rule':<{width}}  {'origin':<9} {'portable':<8} {'verified':<8}"
+    print(f"{header} ops (source -> target)")
+    for record in records:
+        status = {True: "yes", False: "FAILED", None: "not yet"}[record["verified"]]
+        source = _ops(record["source_ops"])
+        target = _ops(record["target_ops"])
+        print(
+            f"{record['name']:<{width}}  {record['origin']:<9} "
+            f"{'yes' if record['portable'] else 'no':<8} {status:<8} {source} -> {target}"
+        )
+    verified = sum(r["verified"] is True for r in records)
+    print(
+        f"{len(records)} rules, {verified} verified"
+        + ("" if verified == len(records) else " (run `rlflow rules verify`)")
+    )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from rlflow.rewrite import verify_rules
+
+    start = time.perf_counter()
+    results = verify_rules(refresh=args.refresh)
+    failed = [r for r in results if not r.passed]
+    wall_s = time.perf_counter() - start
+    if args.json:
+        print_json(
+            {
+                "rules": len(results),
+                "verified": len(results) - len(failed),
+                "failed": {r.rule: r.reason for r in failed},
+                "wall_s": round(wall_s, 1),
+            }
+        )
+        return 0
+    for result in failed:
+        print(f"FAILED {result.rule}: {result.reason}", file=sys.stderr)
+    print(
+        f"{len(results) - len(failed)} of {len(results)} rules verified in {wall_s:.1f} s; "
+        f"{len(failed)} failed and are excluded from every rule set"
+    )
+    return 0
+
+
+def _candidates(args: argparse.Namespace) -> int:
+    from rlflow.rewrite import default_ruleset
+
+    graph = resolve_model(args.model, args.size, args.input_shape)
+    ruleset = default_ruleset(portable=args.portable)
+    start = time.perf_counter()
+    candidates = ruleset.candidates(graph)
+    wall_s = time.perf_counter() - start
+    by_rule: dict[str, int] = {}
+    for candidate in candidates:
+        by_rule[candidate.rule.name] = by_rule.get(candidate.rule.name, 0) + 1
+    result = {
+        "model": model_label(args.model, args.size),
+        "nodes": len(graph.nodes),
+        "rules": len(ruleset),
+        "candidates": len(candidates),
+        "by_rule": dict(sorted(by_rule.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "wall_s": round(wall_s, 3),
+    }
+    if args.json:
+        print_json(result)
+        return 0
+    print(
+        f"{result['model']}: {len(candidates)} distinct candidates from {len(ruleset)} rules "
+        f"({len(graph.nodes)} nodes, {wall_s:.2f} s)"
+    )
+    for name, count in result["by_rule"].items():
+        print(f"  {count:>4}  {name}")
+    return 0
+
+
+def _ops(counts: dict[str, int]) -> str:
+    return " ".join(f"{op}x{n}" if n > 1 else op for op, n in counts.items()) or "-"
