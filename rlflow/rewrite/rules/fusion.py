@@ -1,0 +1,256 @@
+"""Fusions of decomposed activations and normalisations into single operators.
+
+- 0.5 * x * (1 + Erf(x / sqrt 2)) -> Gelu(x)                                    (contrib)
+- Gelu(Add(x, b)) -> BiasGelu(x, b)                                             (contrib)
+- 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> FastGelu(x)           (contrib)
+- (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * g + b -> LayerNormalization  (opset 17)
+- LayerNormalization(Add(a, b), g, beta?) -> SkipLayerNormalization(a, b, g, beta)  (contrib)
+
+Only exact forms are fused: FastGelu is not offered for the Erf form, which it only
+approximates (verification would, rightly, reject it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from rlflow.graph import Graph
+from rlflow.rewrite.build import ModelBuilder
+from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
+from rlflow.rewrite.rules.common import FLOAT_TYPES, opset, pick, rank, scalar, shape
+
+MS = "com.microsoft"
+
+
+def _near(graph: Graph, name: str, wanted: float) -> bool:
+    value = scalar(graph, name)
+    return value is not None and math.isclose(value, wanted, rel_tol=1e-4)
+
+
+_ERF = ("Erf(Div(x, s))", "Erf(Mul(x, s))")
+_GELU_FORMS = (
+    "Mul(Mul(x, Add({erf}, one)), half)",
+    "Mul(x, Mul(Add({erf}, one), half))",
+    "Mul(Mul(x, half), Add({erf}, one))",
+)
+
+
+class GeluFusion(PatternRule):
+    name = "gelu-fusion"
+    description = "0.5 * x * (1 + Erf(x / sqrt 2)) -> Gelu(x)"
+    portable = False
+    pattern = tuple(form.format(erf=erf) for form in _GELU_FORMS for erf in _ERF)
+    target_ops = {"Gelu": 1}
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        divides = match.pattern_index % 2 == 0
+        if not _near(graph, match["s"], math.sqrt(2) if divides else 1 / math.sqrt(2)):
+            return "the Erf argument is not x / sqrt(2)"
+        if not (_near(graph, match["one"], 1.0) and _near(graph, match["half"], 0.5)):
+            return "the constants are not 1 and 0.5"
+        if shape(graph, match["x"]) != shape(graph, match.outputs[0]):
+            return "a constant broadcasts x to another shape"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        return emit.result(emit.op("Gelu", [match["x"]], domain=MS, like=[match.outputs[0]]))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        x = b.op("Neg", [b.input(pick(setting, [(2, 8), (1, 4, 6), (3, 2, 2, 5)]))])
+        if setting % 2 == 0:
+            erf = b.op("Erf", [b.op("Div", [x, b.const(math.sqrt(2))])])
+        else:
+            erf = b.op("Erf", [b.op("Mul", [x, b.const(1 / math.sqrt(2))])])
+        inner = b.op("Add", [b.const(1.0), erf])
+        if setting == 2:
+            return b.model(b.op("Mul", [b.op("Mul", [x, b.const(0.5)]), inner]))
+        return b.model(b.op("Mul", [b.op("Mul", [x, inner]), b.const(0.5)]))
+
+
+class BiasGeluFusion(PatternRule):
+    name = "bias-gelu-fusion"
+    description = "Gelu(Add(x, b)) -> BiasGelu(x, b)"
+    portable = False
+    pattern = "com.microsoft.Gelu(Add(x, b))"
+    target_ops = {"BiasGelu": 1}
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        bias, x = shape(graph, match["b"]), shape(graph, match["x"])
+        if len(bias) != 1 or not x or bias[0] != x[-1]:
+            return f"the bias {bias} is not a vector over the last axis of {x}"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        fused = emit.op("BiasGelu", [match["x"], match["b"]], domain=MS, like=[match.outputs[0]])
+        return emit.result(fused)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        dims = pick(setting, [(2, 8), (1, 4, 6), (3, 2, 5)])
+        biased = b.op("Add", [b.input(dims), b.const((dims[-1],))])
+        return b.model(b.op("Gelu", [biased], domain=MS))
+
+
+class FastGeluFusion(PatternRule):
+    name = "fastgelu-fusion"
+    description = "0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> FastGelu(x)"
+    portable = False
+    pattern = "Mul(Mul(x, half), Add(Tanh(Mul(Add(x, Mul(Pow(x, three), c1)), c2)), one))"
+    target_ops = {"FastGelu": 1}
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        wanted = {
+            "half": 0.5,
+            "one": 1.0,
+            "three": 3.0,
+            "c1": 0.044715,
+            "c2": math.sqrt(2 / math.pi),
+        }
+        for var, value in wanted.items():
+            if not _near(graph, match[var], value):
+                return f"constant {var} is not {value:.6g}"
+        if shape(graph, match["x"]) != shape(graph, match.outputs[0]):
+            return "a constant broadcasts x to another shape"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        return emit.result(emit.op("FastGelu", [match["x"]], domain=MS, like=[match.outputs[0]]))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        x = b.op("Neg", [b.input(pick(setting, [(2, 8), (1, 4, 6), (3, 2, 2, 5)]))])
+        cube = b.op("Mul", [b.op("Pow", [x, b.const(3.0)]), b.const(0.044715)])
+        inner = b.op("Mul", [b.op("Add", [x, cube]), b.const(math.sqrt(2 / math.pi))])
+        plus = b.op("Add", [b.op("Tanh", [inner]), b.const(1.0)])
+        return b.model(b.op("Mul", [b.op("Mul", [x, b.const(0.5)]), plus]))
+
+
+class LayerNormFusion(PatternRule):
+    name = "layernorm-fusion"
+    description = "(x - mean) / sqrt(var + eps) * g + b -> LayerNormalization(x, g, b)"
+    pattern = (
+        "Add(Mul(Div(d=Sub(x, m=ReduceMean(x, a1?)),"
+        "            Sqrt(Add(v=ReduceMean(Pow(d, two), a2?), eps))), gamma), beta)"
+    )
+    target_ops = {"LayerNormalization": 1}
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        if opset(graph) < 17:
+            return f"LayerNormalization needs opset 17, the graph has {opset(graph)}"
+        r = rank(graph, match["x"])
+        for mean, axes in (("m", "a1"), ("v", "a2")):
+            node = match.node(mean)
+            listed = node.attr("axes") if not match[axes] else graph.constant(match[axes])
+            if listed is None or [int(a) % r for a in np.ravel(listed)] != [r - 1]:
+                return "a ReduceMean is not over the last axis only"
+            if node.attr("keepdims", 1) != 1:
+                return "a ReduceMean drops the reduced axis"
+        if not _near(graph, match["two"], 2.0) or scalar(graph, match["eps"]) is None:
+            return "not a variance: the power is not 2 or epsilon is not a constant"
+        width = shape(graph, match["x"])[-1:]
+        if shape(graph, match["gamma"]) != width or shape(graph, match["beta"]) != width:
+            return f"scale and shift are not vectors of the last axis ({width[0]})"
+        if graph.value(match["x"]).dtype not in FLOAT_TYPES:
+            return "LayerNormalization takes float types only"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        fused = emit.op(
+            "LayerNormalization",
+            [match["x"], match["gamma"], match["beta"]],
+            axis=-1,
+            epsilon=scalar(graph, match["eps"]),
+        )
+        return emit.result(fused)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        version = pick(setting, [17, 18, 18])
+        b = ModelBuilder(opset=version)
+        dims = pick(setting, [(2, 8), (1, 4, 6), (3, 2, 5)])
+        x = b.input(dims)
+
+        def mean(value: str) -> str:
+            if version >= 18:
+                return b.op("ReduceMean", [value, b.const([-1], np.int64)])
+            return b.op("ReduceMean", [value], axes=[-1])
+
+        centred = b.op("Sub", [x, mean(x)])
+        var = mean(b.op("Pow", [centred, b.const(2.0)]))
+        normed = b.op("Div", [centred, b.op("Sqrt", [b.op("Add", [var, b.const(1e-5)])])])
+        scaled = b.op("Mul", [normed, b.const((dims[-1],))])
+        return b.model(b.op("Add", [scaled, b.const((dims[-1],))]))
+
+
+class SkipLayerNormFusion(PatternRule):
+    """The residual Add joins the LayerNormalization; if the sum is read elsewhere too, the
+    fused op's fourth output (input_skip_bias_sum) stands for it."""
+
+    name = "skip-layernorm-fusion"
+    description = "LayerNormalization(Add(a, b), g, beta) -> SkipLayerNormalization(a, b, g, beta)"
+    portable = False
+    pattern = ("LayerNormalization(s=Add(a, b), gamma, beta?)",)
+    exposed = ("s",)
+    target_ops = {"SkipLayerNormalization": 1}
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        a, b = shape(graph, match["a"]), shape(graph, match["b"])
+        if len(a) != 3 or a != b:
+            return f"SkipLayerNormalization needs two 3-D inputs of one shape, not {a} and {b}"
+        if match.nodes[0].attr("axis", -1) % 3 != 2:
+            return "the LayerNormalization is not over the last axis"
+        if shape(graph, match["gamma"]) != a[-1:]:
+            return "the scale is not a vector of the last axis"
+        if match["beta"] and shape(graph, match["beta"]) != a[-1:]:
+            return "the shift is not a vector of the last axis"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        layernorm, add = match.nodes
+        output, total = match.outputs
+        shared = any(node is not layernorm for node in graph.consumers(total))
+        shared = shared or graph.is_output(total)
+        emit = Emitter(graph)
+        inputs = [match["a"], match["b"], match["gamma"], match["beta"]]
+        epsilon = layernorm.attr("epsilon", 1e-5)
+        if not shared:
+            fused = emit.op(
+                "SkipLayerNormalization", inputs, domain=MS, like=[output], epsilon=epsilon
+            )
+            return emit.result(fused, total)
+        fused, _, _, new_total = emit.op(
+            "SkipLayerNormalization",
+            inputs,
+            outputs=4,
+            domain=MS,
+            like=[output, "", "", total],
+            epsilon=epsilon,
+        )
+        return emit.result(fused, new_total)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        dims = pick(setting, [(1, 4, 8), (2, 3, 6), (1, 5, 4)])
+        total = b.op("Add", [b.input(dims), b.op("Neg", [b.input(dims)])])
+        normed = b.op(
+            "LayerNormalization", [total, b.const((dims[-1],)), b.const((dims[-1],))], epsilon=1e-5
+        )
+        if setting == 1:  # the sum is read again downstream, as in a pre-LN residual stream
+            return b.model(b.op("Add", [normed, total]))
+        return b.model(normed)
+
+
+RULES = [
+    GeluFusion(),
+    BiasGeluFusion(),
+    FastGeluFusion(),
+    LayerNormFusion(),
+    SkipLayerNormFusion(),
+]

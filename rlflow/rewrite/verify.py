@@ -1,0 +1,208 @@
+"""Verify every rule before it enters a RuleSet, and cache the verdicts.
+
+A rule is verified at each of its shape settings (three or more): its example model (the
+source pattern with random constants) is loaded, the rule is applied at its first site, the
+result must pass `onnx.checker.check_model(full_check=True)` and compute the same outputs as
+the example in onnxruntime on random inputs (`rlflow.cost.equivalence`). A rule failing any
+setting is left out of every default RuleSet and listed by name with its reason.
+
+Verdicts are cached in `$RLFLOW_CACHE_DIR/rewrite/verification.json` (default
+`~/.cache/rlflow/rewrite/`), keyed by rule name and a fingerprint of the rule's source, the
+engine's source and the onnx / onnxruntime versions, so `default_ruleset()` is fast after the
+first call and a changed rule is verified again.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from rlflow.rewrite.rule import RewriteRejected, Rule
+
+_ENGINE_MODULES = ("rule.py", "pattern.py", "build.py", "template.py", "rules/common.py")
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    """The verdict on one rule: passed at every one of `settings` shape settings, or why not."""
+
+    rule: str
+    passed: bool
+    settings: int
+    max_abs_err: float
+    reason: str
+    fingerprint: str = ""
+
+
+def verify_rule(rule: Rule) -> VerificationResult:
+    """Apply `rule` to its example at every shape setting and check the result (never raises)."""
+    from rlflow.cost.equivalence import check_equivalence
+
+    fingerprint = rule_fingerprint(rule)
+    worst = 0.0
+
+    def failed(setting: int, reason: str) -> VerificationResult:
+        return VerificationResult(
+            rule.name, False, rule.settings, worst, f"setting {setting}: {reason}", fingerprint
+        )
+
+    for setting in range(rule.settings):
+        try:
+            graph = rule.example_graph(setting)
+        except Exception as error:  # a rule without a usable example cannot be trusted
+            return failed(setting, f"no example model ({_first_line(error)})")
+        try:
+            match = next(iter(rule.sites(graph)), None)
+            if match is None:
+                return failed(setting, "the rule finds no site in its example")
+            result = rule.apply(graph, match)
+            onnx.checker.check_model(result.to_onnx(), full_check=True)
+        except RewriteRejected as error:
+            return failed(setting, f"rewrite rejected: {error}")
+        except Exception as error:  # checker errors come in several types; a rule bug too
+            return failed(setting, f"invalid result: {_first_line(error)}")
+        report = check_equivalence(graph, result, seeds=(0, 1))
+        worst = max(worst, report.max_abs_err)
+        if not report.equivalent:
+            return failed(setting, report.reason)
+    return VerificationResult(rule.name, True, rule.settings, worst, "equivalent", fingerprint)
+
+
+def verify_rules(
+    rules: Sequence[Rule] | None = None, *, refresh: bool = False
+) -> list[VerificationResult]:
+    """Verdicts for `rules` (default: every rule), from the cache where still valid.
+
+    Args:
+        rules: the rules to verify; default `all_rules()`.
+        refresh: verify every rule again, ignoring cached verdicts.
+    """
+    from rlflow.rewrite.rules import all_rules
+
+    rules = all_rules() if rules is None else list(rules)
+    cache = {} if refresh else _read_cache()
+    results = []
+    fresh = {}
+    for rule in rules:
+        fingerprint = rule_fingerprint(rule)
+        entry = cache.get(rule.name)
+        if entry is not None and entry.get("fingerprint") == fingerprint:
+            results.append(VerificationResult(**entry))
+            continue
+        result = verify_rule(rule)
+        fresh[rule.name] = asdict(result)
+        results.append(result)
+    if fresh:
+        _write_cache(fresh)
+    return results
+
+
+def cached_results(rules: Iterable[Rule]) -> dict[str, VerificationResult | None]:
+    """The cached verdict of each rule (None: never verified, or changed since)."""
+    cache = _read_cache()
+    verdicts: dict[str, VerificationResult | None] = {}
+    for rule in rules:
+        entry = cache.get(rule.name)
+        valid = entry is not None and entry.get("fingerprint") == rule_fingerprint(rule)
+        verdicts[rule.name] = VerificationResult(**entry) if valid else None
+    return verdicts
+
+
+def list_rules(rules: Sequence[Rule] | None = None, verify: bool = False) -> list[dict[str, Any]]:
+    """One record per rule for `rlflow rules list [--json]`.
+
+    Keys: name, origin, portable, source_ops, target_ops, description, verified (True, False,
+    or None when not verified yet; `verify=True` verifies those first) and reason.
+    """
+    from rlflow.rewrite.rules import all_rules
+
+    rules = all_rules() if rules is None else list(rules)
+    if verify:
+        verdicts = {r.rule: r for r in verify_rules(rules)}
+    else:
+        verdicts = cached_results(rules)
+    records = []
+    for rule in rules:
+        verdict = verdicts.get(rule.name)
+        records.append(
+            {
+                "name": rule.name,
+                "origin": rule.origin,
+                "portable": rule.portable,
+                "source_ops": dict(rule.source_ops),
+                "target_ops": dict(rule.target_ops),
+                "description": rule.description,
+                "verified": None if verdict is None else verdict.passed,
+                "reason": "" if verdict is None else verdict.reason,
+            }
+        )
+    return records
+
+
+# ---- fingerprints and the cache ----------------------------------------------------------------
+
+
+def rule_fingerprint(rule: Rule) -> str:
+    """Changes when the rule, the engine, onnx or onnxruntime may behave differently."""
+    import onnxruntime
+
+    return hashlib.sha256(
+        "\0".join(
+            [
+                rule.name,
+                rule.fingerprint(),
+                _engine_digest(),
+                onnx.__version__,
+                onnxruntime.__version__,
+            ]
+        ).encode()
+    ).hexdigest()[:24]
+
+
+@functools.cache
+def _engine_digest() -> str:
+    package = Path(__file__).parent
+    digest = hashlib.sha256()
+    for relative in _ENGINE_MODULES:
+        digest.update((package / relative).read_bytes())
+    return digest.hexdigest()
+
+
+def cache_path() -> Path:
+    root = os.environ.get("RLFLOW_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "rlflow"
+    return base / "rewrite" / "verification.json"
+
+
+def _read_cache() -> dict[str, dict]:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(fresh: dict[str, dict]) -> None:
+    """Merge new verdicts into the cache file, written to a temporary name and renamed."""
+    path = cache_path()
+    merged = {**_read_cache(), **fresh}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a read-only cache only costs re-verification
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
