@@ -133,7 +133,12 @@ def test_random_rewrites_keep_the_model_equivalent(name, portable):
     original = load_model(MODELS[name]())
     rules = RULES.select(portable=portable)
     rewritten, applied = _random_walk(original, rules, STEPS, seed=0)
-    assert len(applied) == STEPS, f"only {len(applied)} rewrites applied: {applied}"
+    # A walk ends early only at a graph no rule can rewrite any further.
+    assert len(applied) == STEPS or not rules.candidates(rewritten, max_ops=2 * len(original)), (
+        f"only {len(applied)} rewrites applied: {applied}"
+    )
+    if name.startswith("zoo-"):
+        assert len(applied) == STEPS
     exported = rewritten.to_onnx()
     onnx.checker.check_model(exported, full_check=True)
     for node in rewritten.nodes:
