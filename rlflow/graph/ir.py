@@ -270,23 +270,8 @@ class Graph:
             new_values[value.name] = value
         if renames:
             nodes = _apply_renames(nodes, renames, {v.name for v in self.outputs})
-        graph = Graph(
-            nodes,
-            self.inputs,
-            self.outputs,
-            new_initializers,
-            new_values,
-            self.opset,
-            self.metadata,
-            self.name,
-            self.ir_version,
-            self.functions,
-            _digests=self._digests,
-            _parent_hashes=(self._value_hashes, self._producer_map())
-            if self._value_hashes is not None
-            else None,
-        )
-        return graph.pruned()
+        parent = None if self._value_hashes is None else (self._value_hashes, self._producer_map())
+        return self._derive(nodes, new_initializers, new_values, parent).pruned()
 
     def pruned(self) -> Graph:
         """Drop nodes, constants and values that no output depends on (returns self if none)."""
@@ -304,8 +289,12 @@ class Graph:
         live.update(out for node in kept for out in node.outputs)
         initializers = {k: v for k, v in self.initializers.items() if k in live}
         values = {k: v for k, v in self.values.items() if k in live}
+        return self._derive(kept, initializers, values, self._parent_hashes)
+
+    def _derive(self, nodes, initializers, values, parent_hashes) -> Graph:
+        """A graph with this one's interface and metadata, sharing its weight digests."""
         return Graph(
-            kept,
+            nodes,
             self.inputs,
             self.outputs,
             initializers,
@@ -316,7 +305,7 @@ class Graph:
             self.ir_version,
             self.functions,
             _digests=self._digests,
-            _parent_hashes=self._parent_hashes,
+            _parent_hashes=parent_hashes,
         )
 
     def to_onnx(self) -> onnx.ModelProto:

@@ -16,7 +16,7 @@ _SMALL_CONST = 4096
 # A node whose inputs are all constants of at most this many elements is folded at load,
 # which turns Shape->Gather->Unsqueeze->Concat->Reshape chains into plain constants.
 _FOLD_INPUT_LIMIT = 4096
-_NONDETERMINISTIC = frozenset(
+NONDETERMINISTIC_OPS = frozenset(
     {
         "RandomNormal",
         "RandomUniform",
@@ -101,7 +101,7 @@ def fold_constants(
 
 
 def _fold_one(node, initializers, types, opset_import) -> list[np.ndarray] | None:
-    if node.domain not in ("", "ai.onnx") or node.op_type in _NONDETERMINISTIC:
+    if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC_OPS:
         return None
     if any(
         attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)

@@ -171,6 +171,18 @@ class Rule:
     """Yield one match per set of nodes (the other operand orders of Add, Mul, ... are the
     same rewrite); template rules, whose orders may rewrite differently, keep them all."""
 
+    reverse_anchor_ops: tuple[str, ...] | None = None
+    """For a rule declared once for both directions: where the reverse rule's sites start."""
+
+    def __init__(self, reverse: bool = False) -> None:
+        """`reverse=True` gives the inverse of a bidirectional rule, named `<name>-reverse`."""
+        if reverse:
+            self.reverse = True
+            self.name = f"{type(self).name}-reverse"
+            self.description = self.reverse_description
+            self.anchor_ops = self.reverse_anchor_ops
+            self.source_ops, self.target_ops = self.target_ops, self.source_ops
+
     def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
         raise NotImplementedError
 

@@ -265,16 +265,9 @@ class ConvSiblingsMerge(Rule):
     description = "Conv(x, w1), Conv(x, w2), ... -> Split(Conv(x, concat(w1, w2, ...)))"
     reverse_description = "Split(Conv(x, w)) -> Conv(x, w1), Conv(x, w2), ..."
     anchor_ops = ("Conv",)
+    reverse_anchor_ops = ("Split",)
     source_ops = {"Conv": 2}
     target_ops = {"Conv": 1, "Split": 1}
-
-    def __init__(self, reverse: bool = False) -> None:
-        self.reverse = reverse
-        if reverse:
-            self.name = f"{type(self).name}-reverse"
-            self.description = self.reverse_description
-            self.anchor_ops = ("Split",)
-            self.source_ops, self.target_ops = self.target_ops, self.source_ops
 
     def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
         if self.reverse:

@@ -24,23 +24,12 @@ import onnx
 from onnx import TensorProto as T
 
 from rlflow.graph import Graph, Node
-from rlflow.graph.shapes import evaluate_node
+from rlflow.graph.shapes import NONDETERMINISTIC_OPS, evaluate_node
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import STANDARD_DOMAINS, Emitter, Match, PatternRule, Replacement, Rule
 from rlflow.rewrite.rules.common import pick, shape
 
 MAX_FOLDED = 1 << 22
-_NONDETERMINISTIC = frozenset(
-    {
-        "RandomNormal",
-        "RandomUniform",
-        "RandomNormalLike",
-        "RandomUniformLike",
-        "Multinomial",
-        "Bernoulli",
-        "Dropout",
-    }
-)
 # T -> U such that Cast(Cast(x, U), T) == x for every x of type T.
 _LOSSLESS = {
     T.FLOAT16: {T.FLOAT, T.DOUBLE},
@@ -354,7 +343,7 @@ class ConstantFold(Rule):
         inputs = anchor.present_inputs
         if not inputs or anchor.domain not in STANDARD_DOMAINS:
             return
-        if anchor.op_type in _NONDETERMINISTIC or not all(map(graph.is_constant, inputs)):
+        if anchor.op_type in NONDETERMINISTIC_OPS or not all(map(graph.is_constant, inputs)):
             return
         if any(
             p.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)

@@ -73,16 +73,9 @@ class MatMulSiblingsMerge(Rule):
     )
     reverse_description = "Split(MatMul(x, W) + b) -> MatMul(x, W1) + b1, MatMul(x, W2) + b2, ..."
     anchor_ops = ("MatMul",)
+    reverse_anchor_ops = ("Split",)
     source_ops = {"MatMul": 2, "Add": 2}
     target_ops = {"MatMul": 1, "Add": 1, "Split": 1}
-
-    def __init__(self, reverse: bool = False) -> None:
-        self.reverse = reverse
-        if reverse:
-            self.name = f"{type(self).name}-reverse"
-            self.description = self.reverse_description
-            self.anchor_ops = ("Split",)
-            self.source_ops, self.target_ops = self.target_ops, self.source_ops
 
     def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
         if self.reverse:
