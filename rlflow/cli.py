@@ -13,7 +13,7 @@ from rlflow import __version__
 from rlflow.errors import RlflowError
 
 # Command modules, in the order `rlflow --help` lists them.
-COMMANDS = ("zoo_cmd", "inspect", "measure", "rules_cmd")
+COMMANDS = ("zoo_cmd", "inspect", "measure", "rules_cmd", "search")
 
 
 def build_parser() -> argparse.ArgumentParser:

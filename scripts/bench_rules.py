@@ -48,23 +48,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     ruleset, portable = default_ruleset(), default_ruleset(portable=True)
-    counts, results = [], []
-    graphs = {}
+    levels = args.levels.split(",")
+    print(f"`{shlex.join(['python', 'scripts/bench_rules.py', *(argv or sys.argv[1:])])}`\n")
+    print(
+        "One row per model and ORT level, 1 thread; speedup = original / rewritten (min over "
+        "runs); candidates are distinct rewritten graphs (deduplicated by canonical hash).\n"
+    )
+    print(
+        "| model | nodes | candidates | portable | rules with a site | enumerate (s) "
+        "| ort-level | original ms | screened > 1.02x | best rule | screened speedup "
+        "| confirmed speedup |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|", flush=True)
+    # One model at a time: candidate graphs of a full model hold their own new weights.
     for name in args.models:
         graph = load_model(zoo.cached_path(name, args.size))
         graph.canonical_hash()
         started = time.perf_counter()
         candidates = ruleset.candidates(graph)
         enumerate_s = time.perf_counter() - started
+        n_portable = len(portable.candidates(graph))
         rules_used = len({c.rule.name for c in candidates})
-        counts.append((name, len(graph), len(candidates), len(portable.candidates(graph)),
-                       rules_used, enumerate_s))
-        graphs[name] = (graph, candidates)
-
-    total = sum(len(c) for _, c in graphs.values()) * len(args.levels.split(","))
-    with tqdm(total=total, desc="bench_rules", unit="cand", file=sys.stderr) as bar:
-        for name, (graph, candidates) in graphs.items():
-            for level in args.levels.split(","):
+        with tqdm(
+            total=len(candidates) * len(levels), desc=name, unit="cand", file=sys.stderr
+        ) as bar:
+            for level in levels:
                 settings = OrtSettings(ort_level=level)
                 speedups = screen(graph, candidates, settings, args.batch, args.runs, bar)
                 best = max(range(len(candidates)), key=speedups.__getitem__)
@@ -72,24 +80,15 @@ def main(argv: list[str] | None = None) -> int:
                     [graph, candidates[best].graph], use_cache=False
                 )
                 improving = sum(s > 1.02 for s in speedups)
-                results.append((name, level, len(candidates), improving,
-                                candidates[best].rule.name, speedups[best],
-                                confirm.speedups[1], confirm.measurements[0].min_ms))
-
-    print(f"`{shlex.join(['python', 'scripts/bench_rules.py', *(argv or sys.argv[1:])])}`\n")
-    print("Candidates (distinct rewritten graphs, deduplicated by canonical hash):\n")
-    print("| model | nodes | candidates | portable candidates | rules with a site "
-          "| enumerate (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, nodes, n_all, n_portable, rules_used, enumerate_s in counts:
-        print(f"| {name} | {nodes} | {n_all} | {n_portable} | {rules_used} | {enumerate_s:.2f} |")
-    print("\nBest single rewrite, 1 thread (speedup = original / rewritten, min over runs):\n")
-    print("| model | ort-level | original ms | candidates | screened > 1.02x | best rule "
-          "| screened speedup | confirmed speedup |")
-    print("|---|---|---:|---:|---:|---|---:|---:|")
-    for name, level, n, improving, rule, screened, confirmed, original_ms in results:
-        print(f"| {name} | {level} | {original_ms:.2f} | {n} | {improving} | {rule} "
-              f"| {screened:.3f} | {confirmed:.3f} |")
+                print(
+                    f"| {name} | {len(graph)} | {len(candidates)} | {n_portable} "
+                    f"| {rules_used} | {enumerate_s:.2f} | {level} "
+                    f"| {confirm.measurements[0].min_ms:.2f} | {improving} "
+                    f"| {candidates[best].rule.name} | {speedups[best]:.3f} "
+                    f"| {confirm.speedups[1]:.3f} |",
+                    flush=True,
+                )
+        del candidates
     return 0
 
 

@@ -1,0 +1,763 @@
+"""GraphRewrite-v0: rewrite a model's graph one verified substitution at a time, for speed.
+
+A thin gymnasium wrapper around `rlflow.rewrite.session.RewriteSession`: the session owns the
+graph, its candidates and the action record; this module turns them into fixed-size padded
+arrays, an action mask and the X-RLflow reward.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+from onnx import TensorProto
+
+from rlflow.cost import AnalyticCostModel, OrtSettings, PerOpCostModel, Runner
+from rlflow.errors import RlflowError
+from rlflow.graph import Graph, load_model
+from rlflow.rewrite import Candidate, RuleSet, default_ruleset
+from rlflow.rewrite.session import EpisodeState, RewriteSession
+
+# fmt: off
+OP_TYPES: tuple[str, ...] = (
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Erf", "Tanh", "Sigmoid", "Relu", "Clip",
+    "MatMul", "Gemm", "FusedMatMul", "Conv", "FusedConv", "BatchNormalization",
+    "LayerNormalization", "SkipLayerNormalization", "Softmax", "Gelu", "BiasGelu", "FastGelu",
+    "ReduceMean", "MaxPool", "AveragePool", "GlobalAveragePool", "Reshape", "Transpose",
+    "Flatten", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather", "Expand", "Where",
+    "Cast", "Identity", "Dropout", "Pad",
+)
+"""The op-type vocabulary of the one-hot node feature, fixed so that observations of different
+models (and checkpoints of different runs) line up; anything else falls in the "other" slot."""
+# fmt: on
+NODE_SCALARS: tuple[str, ...] = (
+    "log_out_numel",  # log1p(elements of the first output) / LOG_SCALE
+    "out_rank",  # rank of the first output / 8
+    "cost_share",  # the node's analytic time / the graph's analytic time
+    "log_time_us",  # log1p(the node's analytic time in microseconds) / LOG_TIME
+    "log_flops",  # log1p(FLOPs) / LOG_SCALE
+    "log_bytes",  # log1p(bytes moved) / LOG_SCALE
+    "is_output",  # 1 if the node computes a graph output
+    "reads_input",  # 1 if the node reads a graph input
+    "const_inputs",  # number of constant (initializer) inputs / 4
+    "log_const_numel",  # log1p(elements of its constant inputs) / LOG_SCALE
+    "log_fanout",  # log1p(edges leaving the node) / 4
+    "num_outputs",  # number of outputs / 4
+    "contrib",  # 1 for an operator outside the standard ONNX domain (e.g. com.microsoft)
+)
+NODE_FEATURES: tuple[str, ...] = (*(f"op={op}" for op in OP_TYPES), "op=other", *NODE_SCALARS)
+EDGE_FEATURES: tuple[str, ...] = (
+    "log_numel",  # log1p(elements of the tensor) / LOG_SCALE
+    "rank",  # rank / 8
+    "log_last_dim",  # log1p(last dim) / LOG_DIM
+    "log_second_last_dim",  # log1p(second-to-last dim) / LOG_DIM
+    "log_leading_dims",  # log1p(product of the other dims) / LOG_DIM
+    "input_slot",  # which input of the consumer the tensor feeds, min(slot, 7) / 7
+    "is_float",  # 1 for a floating-point tensor
+)
+GLOBAL_FEATURES: tuple[str, ...] = (
+    "cost_ratio",  # C_t / C_0 in the reward's cost source (the e2e-sparse running estimate)
+    "analytic_ratio",  # analytic cost now / analytic cost of the original graph
+    "step_fraction",  # steps taken / horizon, at most 1
+    "node_ratio",  # operators now / operators in the original graph
+    "candidate_fill",  # candidates offered / max_candidates
+    "candidates_capped",  # 1 if some candidates were left out by the max_candidates cap
+    "log_original_cost",  # log1p(original analytic cost in microseconds) / LOG_TIME
+    "node_fill",  # operators now / max_nodes
+)
+LOG_SCALE = 25.0  # log1p(7e10) = 25: element, FLOP and byte counts of any zoo model fit under 1
+LOG_DIM = 12.0  # log1p(160k) = 12: any single dimension
+LOG_TIME = 15.0  # log1p(3.3e6 us) = 15: over a second per node or graph
+GLOBAL_MAX = 10.0  # bound of the global features: a graph ten times slower is already absurd
+
+COST_SOURCES = ("analytic", "perop", "e2e", "e2e-sparse")
+DEFAULT_MODELS = ("squeezenet-1.1",)
+DEFAULT_HORIZON = 50
+_FLOAT_TYPES = frozenset(
+    {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16}
+)
+_OP_INDEX = {op: index for index, op in enumerate(OP_TYPES)}
+_STANDARD_DOMAINS = ("", "ai.onnx")
+
+
+class GraphRewriteEnv(gym.Env):
+    """Make a neural network's computation graph faster by applying verified rewrites.
+
+    Each step applies one candidate rewrite -- a (rule, site) pair of the rule set, already
+    applied by `RewriteSession.candidates()` -- to the current graph, as in TASO, X-RLflow
+    and RLFlow. The agent picks among the candidates through an action mask, or stops.
+    `session` is the episode's RewriteSession, `current_graph()` its graph, and
+    `episode_state()` the replayable record (`RewriteSession.replay(original, state)`).
+
+    ## Action Space
+
+    `Discrete(max_candidates + 1)`. Action `i < max_candidates` applies candidate `i` of the
+    observation (`candidate_rules[i]` at `candidate_sites[i]`); action `max_candidates`
+    stops the episode. `action_mask[i]` is 1 for the candidates on offer and for stop.
+
+    An action whose mask entry is 0 (no candidate in that slot) is a no-op: the graph stays,
+    the step counts, the reward is `-invalid_action_penalty` (0 by default) plus whatever the
+    cost source says about the unchanged graph (0, except an e2e-sparse measurement), and
+    `info["invalid_action"]` is True. An action outside the space raises RlflowError.
+
+    Candidates whose result has more than `max_nodes` operators or more than `max_edges`
+    edges are never offered. When more than `max_candidates` remain, a deterministic
+    subset is kept: round-robin over the rules in rule-set order (the first site of every
+    rule that has one, then the second, ...), so every rule with a site stays represented
+    while space lasts; the kept candidates are then listed in the rule set's own order
+    (rules in order, sites in graph order).
+
+    ## Observation Space
+
+    A `Dict` of fixed-size arrays, padded (N = max_nodes, M = max_edges,
+    A = max_candidates, K = max_site_nodes; the feature names are the module constants
+    NODE_FEATURES, EDGE_FEATURES and GLOBAL_FEATURES):
+
+    - `node_features` (N, F) float32: one row per operator, in the graph's topological
+      order (the order `candidate_sites` index): a one-hot op type over `OP_TYPES` plus an
+      "other" slot, then `NODE_SCALARS` (log output size, output rank, analytic cost share,
+      ...); all in [0, 1], zero rows in padding.
+    - `node_mask` (N,) int8: 1 for real operators.
+    - `edge_index` (2, M) int64: (producer, consumer) operator indices of each edge; 0 in
+      padding.
+    - `edge_features` (M, E) float32: the tensor on the edge, `EDGE_FEATURES` (log size,
+      rank, log of its last dims, the consumer's input slot, float or not); in [0, 1].
+    - `edge_mask` (M,) int8: 1 for real edges.
+    - `global_features` (G,) float32: `GLOBAL_FEATURES` (cost now / original, analytic cost
+      now / original, step fraction, ...); in [0, 10].
+    - `candidate_rules` (A,) int64: the rule id of each candidate, an index into
+      `rule_names` (the rule set's names in order); -1 in padding.
+    - `candidate_sites` (A, K) int64: the operator indices of each candidate's site, anchor
+      first, the first K of them; -1 in padding.
+    - `action_mask` (A + 1,) int8: 1 for the candidates on offer; the last entry (stop) is
+      always 1. The same array is in `info["action_mask"]`.
+
+    Edges join operators only: a tensor read from a graph input or a constant is summed
+    into the reader's features (`reads_input`, `const_inputs`, `log_const_numel`). A tensor
+    read by k operators gives k edges; a node reading one tensor twice gets two edges.
+    When a step reaches a graph already visited in the episode (same canonical hash, e.g.
+    a rule and then its reverse), the episode continues from the first object seen with
+    that hash, so node indices, candidate sites and a replay agree.
+
+    ## Rewards
+
+    X-RLflow's: r_t = 100 (C_{t-1} - C_t) / C_0, so an episode's return telescopes to
+    100 (C_0 - C_T) / C_0, the percentage of the original cost saved. C comes from `cost`:
+
+    - `"analytic"`: the roofline model (`AnalyticCostModel`), every step; cheap, noise-free.
+    - `"perop"`: the per-op measured model (`PerOpCostModel`, TASO's), every step.
+    - `"e2e"`: the end-to-end latency measured in onnxruntime (`Runner.measure().min_ms`),
+      every step.
+    - `"e2e-sparse"`: X-RLflow's variant. C_t is measured end to end at reset, every
+      `measure_every` steps, on the step that ends the episode (stop, no candidate left)
+      and at the horizon; in between it is the last measurement scaled by the analytic cost's
+      change since then. The reward of a measured step corrects the accumulated estimate, so
+      the return is 100 (C_0 - C_T) / C_0 in measured terms.
+
+    Measurements are made under one `Runner` (1 thread, `ort_level`) and cached by graph
+    hash: `info["real_measurements"]` counts the graphs actually timed since the env was
+    made (the world-model work counts those and the real env steps).
+
+    ## Starting State
+
+    The original graph of one model of `models`: drawn uniformly with `self.np_random` at
+    every reset, or chosen with `reset(options={"model": name_or_index})`.
+
+    ## Episode End
+
+    Terminated when the stop action is taken or when no candidate is left after a step.
+    Truncated by `max_episode_steps` (50 as registered; gymnasium's TimeLimit).
+
+    ## Arguments
+
+    ```python
+    import envs  # registers rlflow/GraphRewrite-v0
+    env = gymnasium.make("rlflow/GraphRewrite-v0", models=["resnet-18", "bert"], cost="analytic")
+    ```
+
+    - `models`: zoo names (`rlflow.zoo.MODEL_NAMES`, exported at `size`), paths to .onnx
+      files, or Graph objects; default `["squeezenet-1.1"]`.
+    - `size`: zoo model size, "small" (default) or "full".
+    - `cost`: "analytic" (default), "perop", "e2e" or "e2e-sparse" (see Rewards).
+    - `measure_every`: steps between end-to-end measurements for "e2e-sparse" (default 10).
+    - `ort_level`: onnxruntime optimisation level of measurements, "all" (default) or
+      "disable" (see DESIGN.md, "Two backend settings").
+    - `ruleset`: the rules; default `default_ruleset(portable=portable)`.
+    - `portable`: with the default rules, only those emitting standard ONNX (default False).
+    - `max_nodes`, `max_edges`, `max_candidates`, `max_site_nodes`: the padded sizes (512,
+      1024, 128, 4). A model larger than max_nodes or max_edges raises RlflowError at reset.
+    - `invalid_action_penalty`: subtracted from the reward of a masked action (default 0).
+    - `horizon`: the episode length the step fraction and the last e2e-sparse measurement
+      refer to; default the spec's `max_episode_steps` (set by `gymnasium.make`), else 50.
+    - `runner`, `perop_model`: measurement objects to use instead of new ones (tests, or to
+      share one cache between envs).
+    - `render_mode`: None or "ansi" (a text summary).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        models: Sequence[str | Graph] | str | Graph | None = None,
+        *,
+        size: str = "small",
+        cost: str = "analytic",
+        measure_every: int = 10,
+        ort_level: str = "all",
+        ruleset: RuleSet | None = None,
+        portable: bool = False,
+        max_nodes: int = 512,
+        max_edges: int = 1024,
+        max_candidates: int = 128,
+        max_site_nodes: int = 4,
+        invalid_action_penalty: float = 0.0,
+        horizon: int | None = None,
+        runner: Runner | None = None,
+        perop_model: PerOpCostModel | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if cost not in COST_SOURCES:
+            raise RlflowError(f"unknown cost {cost!r}; choose one of {', '.join(COST_SOURCES)}")
+        if min(max_nodes, max_edges, max_candidates, max_site_nodes, measure_every) < 1:
+            raise RlflowError(
+                "max_nodes, max_edges, max_candidates, max_site_nodes and measure_every "
+                "must be at least 1"
+            )
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise RlflowError(f"unknown render mode {render_mode!r}; choose None or 'ansi'")
+        if models is None:
+            models = DEFAULT_MODELS
+        elif isinstance(models, str | Graph):
+            models = [models]
+        if not models:
+            raise RlflowError("models is empty: give at least one zoo name, path or Graph")
+        self.models: list[str | Graph] = list(models)
+        self.size = size
+        self.cost = cost
+        self.measure_every = measure_every
+        self.ort_level = ort_level
+        self.ruleset = ruleset if ruleset is not None else _default_rules(portable)
+        self.rule_names: list[str] = self.ruleset.names
+        self._rule_ids = {name: index for index, name in enumerate(self.rule_names)}
+        self.max_nodes, self.max_edges = max_nodes, max_edges
+        self.max_candidates, self.max_site_nodes = max_candidates, max_site_nodes
+        self.invalid_action_penalty = invalid_action_penalty
+        self.render_mode = render_mode
+        self._horizon_arg = horizon
+
+        self.analytic = AnalyticCostModel()
+        settings = OrtSettings(threads=1, ort_level=ort_level)
+        needs_runner = cost in ("e2e", "e2e-sparse")
+        self.runner = runner if runner is not None else (Runner(settings) if needs_runner else None)
+        self.perop_model = perop_model
+        self._owns_perop = cost == "perop" and perop_model is None
+        if self._owns_perop:
+            self.perop_model = PerOpCostModel(settings, analytic=self.analytic)
+        self.real_measurements = 0
+        """End-to-end measurements actually made (cache misses) since the env was made."""
+
+        self.action_space = spaces.Discrete(max_candidates + 1)
+        self.observation_space = spaces.Dict(
+            {
+                "node_features": spaces.Box(
+                    0.0, 1.0, (max_nodes, len(NODE_FEATURES)), dtype=np.float32
+                ),
+                "node_mask": spaces.MultiBinary(max_nodes),
+                "edge_index": spaces.Box(0, max_nodes - 1, (2, max_edges), dtype=np.int64),
+                "edge_features": spaces.Box(
+                    0.0, 1.0, (max_edges, len(EDGE_FEATURES)), dtype=np.float32
+                ),
+                "edge_mask": spaces.MultiBinary(max_edges),
+                "global_features": spaces.Box(
+                    0.0, GLOBAL_MAX, (len(GLOBAL_FEATURES),), dtype=np.float32
+                ),
+                "candidate_rules": spaces.Box(
+                    -1, max(len(self.rule_names) - 1, -1), (max_candidates,), dtype=np.int64
+                ),
+                "candidate_sites": spaces.Box(
+                    -1, max_nodes - 1, (max_candidates, max_site_nodes), dtype=np.int64
+                ),
+                "action_mask": spaces.MultiBinary(max_candidates + 1),
+            }
+        )
+
+        # Per model, loaded on first use: the graph and a root session whose candidate cache
+        # keeps the original graph's candidates from one episode to the next.
+        self._graphs: dict[int, Graph] = {}
+        self._roots: dict[int, RewriteSession] = {}
+        self._analytic_ms: dict[str, float] = {}
+        self._measured_ms: dict[str, float] = {}
+        self.session: RewriteSession | None = None
+        self._model_index = 0
+        self._steps = 0
+        self._return = 0.0
+        self._candidates: list[Candidate] = []
+        self._offered: list[int] = []  # action slot -> index into self._candidates
+        self._eligible = 0  # candidates within max_nodes / max_edges, before the cap
+        self._visited: dict[str, Graph] = {}
+        self._cost0 = self._cost_now = 1.0
+        self._analytic0 = self._analytic_now = 1.0
+        self._anchor = (1.0, 1.0)  # e2e-sparse: (last measured cost, analytic cost then)
+        self._measured_now = False
+
+    # ---- gymnasium API ----------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        if options.get("model") is not None:
+            self._model_index = self._resolve_model(options["model"])
+        else:
+            self._model_index = int(self.np_random.integers(len(self.models)))
+        root = self._root(self._model_index)
+        self.session = root.fork()
+        self._steps, self._return = 0, 0.0
+        self._visited = {root.original.canonical_hash(): root.original}
+        self._refresh_candidates()
+
+        original = self.session.original
+        self._analytic0 = self._analytic_now = self._analytic_cost(original)
+        if self.cost == "analytic":
+            self._cost0 = self._analytic0
+        elif self.cost == "perop":
+            self._cost0 = self._perop_cost(original)
+        else:
+            self._cost0 = self._measured_cost(original)
+            self._anchor = (self._cost0, self._analytic0)
+        self._cost_now = self._cost0
+        self._measured_now = self.cost in ("e2e", "e2e-sparse")
+        return self._observation(), self._info(rule=None, invalid=False)
+
+    def step(
+        self, action: int | np.integer
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if self.session is None:
+            raise RlflowError("call reset() before step()")
+        if not self.action_space.contains(action):
+            raise RlflowError(f"action {action!r} is outside Discrete({self.action_space.n})")
+        slot = int(action)
+        self._steps += 1
+        rule: str | None = None
+        invalid = False
+        terminated = False
+        if slot == self.max_candidates:
+            terminated = True
+        elif slot < len(self._offered):
+            index = self._offered[slot]
+            rule = self._candidates[index].rule.name
+            self.session.apply(index)
+            self._settle_on_first_seen_version()
+            self._refresh_candidates()
+            terminated = not self._offered
+        else:
+            invalid = True
+        reward = self._advance_cost(final=terminated)
+        if invalid:
+            reward -= self.invalid_action_penalty
+        self._return += reward
+        return self._observation(), reward, terminated, False, self._info(rule, invalid)
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self.session is None:
+            return None
+        rules = sorted({self._candidates[i].rule.name for i in self._offered})
+        return (
+            f"{self.model_label(self._model_index)}: step {self._steps}, "
+            f"{len(self.session.graph)} ops (was {len(self.session.original)}), "
+            f"cost {self._cost_now:.4g} / {self._cost0:.4g} ms ({self.cost}), "
+            f"return {self._return:.3f}, {len(self._offered)} candidates"
+            + (f" of {self._eligible}" if self._eligible > len(self._offered) else "")
+            + (f": {', '.join(rules)}" if rules else "")
+        )
+
+    def close(self) -> None:
+        # A per-op model passed in may serve other envs too: only our own is closed.
+        if self.perop_model is not None and self._owns_perop:
+            self.perop_model.close()
+            self.perop_model = None
+
+    # ---- helpers for agents, searches and the world model -----------------------------------
+
+    def current_graph(self) -> Graph:
+        """The graph the episode is at."""
+        if self.session is None:
+            raise RlflowError("call reset() before current_graph()")
+        return self.session.graph
+
+    def episode_state(self) -> EpisodeState:
+        """The episode so far as a replayable record (`RewriteSession.replay`), with its return."""
+        if self.session is None:
+            raise RlflowError("call reset() before episode_state()")
+        return self.session.state(reward=self._return)
+
+    def offered_candidates(self) -> list[Candidate]:
+        """The candidates behind the action slots, in slot order."""
+        return [self._candidates[index] for index in self._offered]
+
+    def model_label(self, index: int) -> str:
+        """How model `index` is named in episode states and `reset(options={"model": ...})`."""
+        model = self.models[index]
+        return model.name if isinstance(model, Graph) else str(model)
+
+    # ---- models -----------------------------------------------------------------------------
+
+    def _resolve_model(self, choice: int | str) -> int:
+        if isinstance(choice, int | np.integer) and not isinstance(choice, bool):
+            if 0 <= int(choice) < len(self.models):
+                return int(choice)
+        elif isinstance(choice, str):
+            for index in range(len(self.models)):
+                if self.model_label(index) == choice:
+                    return index
+        labels = ", ".join(self.model_label(i) for i in range(len(self.models)))
+        raise RlflowError(
+            f"reset option model={choice!r} is neither an index below {len(self.models)} "
+            f"nor one of the env's models: {labels}"
+        )
+
+    def _root(self, index: int) -> RewriteSession:
+        root = self._roots.get(index)
+        if root is None:
+            graph = self._load(index)
+            root = RewriteSession(graph, self.ruleset, model=self.model_label(index))
+            self._roots[index] = root
+        return root
+
+    def _load(self, index: int) -> Graph:
+        model = self.models[index]
+        if isinstance(model, Graph):
+            graph = model
+        else:
+            graph = load_model(_model_path(model, self.size))
+        label = self.model_label(index)
+        if len(graph) > self.max_nodes:
+            raise RlflowError(
+                f"model {label} has {len(graph)} operators, more than max_nodes="
+                f"{self.max_nodes}; raise max_nodes to at least {len(graph)}"
+            )
+        edges = count_edges(graph)
+        if edges > self.max_edges:
+            raise RlflowError(
+                f"model {label} has {edges} edges, more than max_edges={self.max_edges}; "
+                f"raise max_edges to at least {edges}"
+            )
+        self._graphs[index] = graph
+        return graph
+
+    # ---- candidates -------------------------------------------------------------------------
+
+    def _settle_on_first_seen_version(self) -> None:
+        """Stay on the first graph object seen with this hash in the episode.
+
+        Two paths to one hash can order the nodes differently, while the session caches
+        candidates (whose sites are node indices) by hash: staying on the first version keeps
+        the observed node order, the sites and a replay of the episode all in agreement.
+        """
+        assert self.session is not None
+        graph = self.session.graph
+        first = self._visited.setdefault(graph.canonical_hash(), graph)
+        if first is not graph:
+            self.session.graph = first
+
+    def _refresh_candidates(self) -> None:
+        assert self.session is not None
+        self._candidates = self.session.candidates()
+        # Candidate lists hold whole rewritten graphs (with new weights: ~1 MB each on the
+        # full transformers), so the shared cache keeps only the original's and the current's.
+        keep = {self.session.original.canonical_hash(), self.session.graph.canonical_hash()}
+        cache = self.session.cache
+        for digest in [d for d in cache if d not in keep]:
+            del cache[digest]
+        eligible = [
+            index
+            for index, candidate in enumerate(self._candidates)
+            if len(candidate.graph) <= self.max_nodes and self._fits_edges(candidate.graph)
+        ]
+        self._eligible = len(eligible)
+        names = [self._candidates[index].rule.name for index in eligible]
+        self._offered = [eligible[i] for i in capped_indices(names, self.max_candidates)]
+
+    def _fits_edges(self, graph: Graph) -> bool:
+        # Counting inputs is a cheap upper bound on edges: exact counts only near the limit.
+        if sum(len(node.inputs) for node in graph.nodes) <= self.max_edges:
+            return True
+        return count_edges(graph) <= self.max_edges
+
+    # ---- costs and reward -------------------------------------------------------------------
+
+    def _advance_cost(self, final: bool) -> float:
+        """Move C to the current graph and return the reward 100 (C_{t-1} - C_t) / C_0."""
+        assert self.session is not None
+        graph = self.session.graph
+        self._analytic_now = self._analytic_cost(graph)
+        self._measured_now = False
+        if self.cost == "analytic":
+            cost = self._analytic_now
+        elif self.cost == "perop":
+            cost = self._perop_cost(graph)
+        elif self.cost == "e2e":
+            cost = self._measured_cost(graph)
+            self._measured_now = True
+        else:
+            measure = (
+                final or self._steps % self.measure_every == 0 or self._steps >= self._horizon()
+            )
+            if measure:
+                cost = self._measured_cost(graph)
+                self._anchor = (cost, self._analytic_now)
+                self._measured_now = True
+            else:
+                measured, analytic = self._anchor
+                cost = measured * self._analytic_now / analytic if analytic > 0 else measured
+        reward = 100.0 * (self._cost_now - cost) / self._cost0 if self._cost0 > 0 else 0.0
+        self._cost_now = cost
+        return float(reward)
+
+    def _horizon(self) -> int:
+        if self._horizon_arg is not None:
+            return self._horizon_arg
+        if self.spec is not None and self.spec.max_episode_steps:
+            return int(self.spec.max_episode_steps)
+        return DEFAULT_HORIZON
+
+    def _analytic_cost(self, graph: Graph) -> float:
+        digest = graph.canonical_hash()
+        cost = self._analytic_ms.get(digest)
+        if cost is None:
+            cost = self.analytic.cost_ms(graph)
+            self._analytic_ms[digest] = cost
+        return cost
+
+    def _perop_cost(self, graph: Graph) -> float:
+        assert self.perop_model is not None
+        return self.perop_model.cost_ms(graph)
+
+    def _measured_cost(self, graph: Graph) -> float:
+        digest = graph.canonical_hash()
+        cost = self._measured_ms.get(digest)
+        if cost is None:
+            assert self.runner is not None
+            built = self.runner.sessions_built
+            cost = self.runner.measure(graph).min_ms
+            self.real_measurements += self.runner.sessions_built - built
+            self._measured_ms[digest] = cost
+        return cost
+
+    # ---- observation ------------------------------------------------------------------------
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        assert self.session is not None
+        graph = self.session.graph
+        observation = featurize(
+            graph, self.analytic, max_nodes=self.max_nodes, max_edges=self.max_edges
+        )
+        globals_ = np.array(
+            [
+                self._cost_now / self._cost0 if self._cost0 > 0 else 1.0,
+                self._analytic_now / self._analytic0 if self._analytic0 > 0 else 1.0,
+                min(self._steps / self._horizon(), 1.0),
+                len(graph) / len(self.session.original),
+                len(self._offered) / self.max_candidates,
+                float(self._eligible > len(self._offered)),
+                math.log1p(self._analytic0 * 1e3) / LOG_TIME,
+                len(graph) / self.max_nodes,
+            ],
+            dtype=np.float32,
+        )
+        observation["global_features"] = np.clip(globals_, 0.0, GLOBAL_MAX)
+        rules = np.full(self.max_candidates, -1, dtype=np.int64)
+        sites = np.full((self.max_candidates, self.max_site_nodes), -1, dtype=np.int64)
+        for slot, index in enumerate(self._offered):
+            candidate = self._candidates[index]
+            rules[slot] = self._rule_ids[candidate.rule.name]
+            site = candidate.site[: self.max_site_nodes]
+            sites[slot, : len(site)] = site
+        observation["candidate_rules"] = rules
+        observation["candidate_sites"] = sites
+        observation["action_mask"] = self._action_mask()
+        return observation
+
+    def _action_mask(self) -> np.ndarray:
+        mask = np.zeros(self.max_candidates + 1, dtype=np.int8)
+        mask[: len(self._offered)] = 1
+        mask[-1] = 1
+        return mask
+
+    def _info(self, rule: str | None, invalid: bool) -> dict[str, Any]:
+        assert self.session is not None
+        return {
+            "model": self.model_label(self._model_index),
+            "step": self._steps,
+            "cost": self._cost_now,
+            "original_cost": self._cost0,
+            "speedup": self._cost0 / self._cost_now if self._cost_now > 0 else 1.0,
+            "analytic_cost": self._analytic_now,
+            "measured": self._measured_now,
+            "graph_hash": self.session.graph.canonical_hash(),
+            "num_nodes": len(self.session.graph),
+            "rule": rule,
+            "invalid_action": invalid,
+            "action_mask": self._action_mask(),
+            "num_candidates": len(self._offered),
+            "eligible_candidates": self._eligible,
+            "real_measurements": self.real_measurements,
+            "op_measurements": self.perop_model.measured_ops if self.perop_model else 0,
+        }
+
+
+# ---- pure functions (also used by tests and the featurisers of rlflow.nn) ------------------
+
+
+def capped_indices(rule_names: Sequence[str], limit: int) -> list[int]:
+    """Which of a candidate list (given by its rules' names, in rule-set order) to keep.
+
+    Round-robin over rules in order of first appearance -- the first candidate of every rule,
+    then the second, ... -- until `limit` are chosen; returned in the list's own order.
+    """
+    if len(rule_names) <= limit:
+        return list(range(len(rule_names)))
+    by_rule: dict[str, list[int]] = {}
+    for index, name in enumerate(rule_names):
+        by_rule.setdefault(name, []).append(index)
+    chosen: list[int] = []
+    for rank in itertools.count():
+        for indices in by_rule.values():
+            if rank < len(indices):
+                chosen.append(indices[rank])
+                if len(chosen) == limit:
+                    return sorted(chosen)
+    raise AssertionError("unreachable: limit < len(rule_names)")
+
+
+def graph_edges(graph: Graph) -> list[tuple[int, int, str, int]]:
+    """(producer index, consumer index, tensor name, input slot) of every operator-to-operator
+    edge, consumers in graph order, slots in order."""
+    producer = {out: index for index, node in enumerate(graph.nodes) for out in node.outputs if out}
+    return [
+        (producer[name], consumer, name, slot)
+        for consumer, node in enumerate(graph.nodes)
+        for slot, name in enumerate(node.inputs)
+        if name in producer
+    ]
+
+
+def count_edges(graph: Graph) -> int:
+    """The number of operator-to-operator edges (as in `graph_edges`)."""
+    return sum(1 for node in graph.nodes for name in node.inputs if name and graph.producer(name))
+
+
+def featurize(
+    graph: Graph, analytic: AnalyticCostModel, *, max_nodes: int, max_edges: int
+) -> dict[str, np.ndarray]:
+    """The graph part of the observation: node_features, node_mask, edge_index, edge_features,
+    edge_mask (see GraphRewriteEnv's docstring). The graph must fit the sizes."""
+    nodes = graph.nodes
+    if len(nodes) > max_nodes:
+        raise RlflowError(f"graph has {len(nodes)} operators, more than max_nodes={max_nodes}")
+    edges = graph_edges(graph)
+    if len(edges) > max_edges:
+        raise RlflowError(f"graph has {len(edges)} edges, more than max_edges={max_edges}")
+    inputs = {value.name for value in graph.inputs}
+    outputs = {value.name for value in graph.outputs}
+    fanout = np.zeros(len(nodes), dtype=np.float64)
+    for source, _, _, _ in edges:
+        fanout[source] += 1
+
+    other = len(OP_TYPES)
+    scalars = len(OP_TYPES) + 1
+    node_features = np.zeros((max_nodes, len(NODE_FEATURES)), dtype=np.float32)
+    costs = [analytic.node_cost(graph, node) for node in nodes]
+    times = [analytic.op_time_ms(cost, node.op_type) for cost, node in zip(costs, nodes)]
+    total = sum(times)
+    for index, node in enumerate(nodes):
+        row = node_features[index]
+        row[_OP_INDEX.get(node.op_type, other)] = 1.0
+        first = graph.values.get(node.outputs[0]) if node.outputs and node.outputs[0] else None
+        consts = [name for name in node.present_inputs if graph.is_constant(name)]
+        const_numel = sum(graph.value(name).numel for name in consts)
+        row[scalars:] = (
+            math.log1p(first.numel) / LOG_SCALE if first is not None else 0.0,
+            len(first.shape) / 8 if first is not None else 0.0,
+            times[index] / total if total > 0 else 0.0,
+            math.log1p(times[index] * 1e3) / LOG_TIME,
+            math.log1p(costs[index].flops) / LOG_SCALE,
+            math.log1p(costs[index].bytes) / LOG_SCALE,
+            float(any(out in outputs for out in node.outputs)),
+            float(any(name in inputs for name in node.inputs)),
+            len(consts) / 4,
+            math.log1p(const_numel) / LOG_SCALE,
+            math.log1p(fanout[index]) / 4,
+            len(node.outputs) / 4,
+            float(node.domain not in _STANDARD_DOMAINS),
+        )
+    node_mask = np.zeros(max_nodes, dtype=np.int8)
+    node_mask[: len(nodes)] = 1
+
+    edge_index = np.zeros((2, max_edges), dtype=np.int64)
+    edge_features = np.zeros((max_edges, len(EDGE_FEATURES)), dtype=np.float32)
+    for index, (source, target, name, slot) in enumerate(edges):
+        edge_index[0, index], edge_index[1, index] = source, target
+        edge_features[index] = _tensor_features(graph, name, slot)
+    edge_mask = np.zeros(max_edges, dtype=np.int8)
+    edge_mask[: len(edges)] = 1
+    return {
+        "node_features": np.clip(node_features, 0.0, 1.0),
+        "node_mask": node_mask,
+        "edge_index": edge_index,
+        "edge_features": np.clip(edge_features, 0.0, 1.0),
+        "edge_mask": edge_mask,
+    }
+
+
+@functools.lru_cache(maxsize=65536)
+def _shape_features(shape: tuple[int, ...], dtype: int, slot: int) -> tuple[float, ...]:
+    numel = math.prod(shape)
+    last = shape[-1] if shape else 1
+    second = shape[-2] if len(shape) > 1 else 1
+    leading = math.prod(shape[:-2]) if len(shape) > 2 else 1
+    return (
+        math.log1p(numel) / LOG_SCALE,
+        len(shape) / 8,
+        math.log1p(last) / LOG_DIM,
+        math.log1p(second) / LOG_DIM,
+        math.log1p(leading) / LOG_DIM,
+        min(slot, 7) / 7,
+        float(dtype in _FLOAT_TYPES),
+    )
+
+
+def _tensor_features(graph: Graph, name: str, slot: int) -> tuple[float, ...]:
+    value = graph.values.get(name)
+    if value is None:
+        return (0.0,) * len(EDGE_FEATURES)
+    return _shape_features(tuple(value.shape), value.dtype, slot)
+
+
+@functools.cache
+def _default_rules(portable: bool) -> RuleSet:
+    """The verified rules, loaded once per process: every env then shares the Rule objects."""
+    return default_ruleset(portable=portable)
+
+
+def _model_path(model: str, size: str) -> Path:
+    """A zoo name's cached export, or the path itself."""
+    path = Path(model)
+    if model.endswith(".onnx") or len(path.parts) > 1:
+        return path  # load_model says clearly if it is missing or not ONNX
+    from rlflow import zoo  # lazy: it imports torch, which an env on .onnx files never needs
+
+    if model not in zoo.MODEL_NAMES:
+        raise RlflowError(
+            f"model {model!r} is neither a zoo name ({', '.join(zoo.MODEL_NAMES)}) "
+            "nor a path to an .onnx file"
+        )
+    return zoo.cached_path(model, size)

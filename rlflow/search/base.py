@@ -1,0 +1,249 @@
+"""What every search method shares: the result record, the board of best graphs found, and
+the final end-to-end measurement that decides which graph (possibly the original) is returned.
+
+A cost model only ranks graphs; what a search returns is decided by timing its best few
+distinct graphs and the original in one interleaved onnxruntime run (the selection run). The
+fastest is then timed again against the original alone (the confirmation run): the largest
+of several noisy speedups overstates its graph's, so the speedup reported is the
+confirmation's, and the graph is kept only if it is faster there too. Otherwise the result is
+the original with speedup 1.0: a search never reports a gain it did not measure.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rlflow.cost import OrtSettings, Runner
+from rlflow.graph import Graph
+from rlflow.rewrite.session import Action, EpisodeState, RewriteSession
+from rlflow.search.cost import SearchCost
+
+DEFAULT_TOP_K = 3
+"""How many of the best distinct graphs (by cost) are measured end to end with the original."""
+
+
+def default_runner(settings: OrtSettings) -> Runner:
+    """The Runner of the final measurement: a full second of timed runs per graph (up to 5000
+    runs), since on a loaded machine a minimum over a quarter second still swings by tens of
+    percent for a model of a few milliseconds."""
+    return Runner(settings, runs=50, min_time_s=1.0)
+
+
+class Progress(Protocol):
+    """What a search reports progress to (a tqdm bar fits)."""
+
+    def update(self, n: int = 1) -> object: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> object: ...
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+
+NO_PROGRESS: Progress = _NoProgress()
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """A graph measured end to end at the end of a search (the original included)."""
+
+    graph_hash: str
+    cost: float
+    min_ms: float
+    speedup: float
+    steps: int
+
+
+@dataclass
+class SearchResult:
+    """The outcome of one search: the graph returned, how it was reached, what it costs.
+
+    `graph` is the fastest measured of the finalists, if a confirmation run found it faster
+    than the original too (else the original); `state` replays it from the original
+    (`RewriteSession.replay`). Costs are in the search's cost model; `original_ms`,
+    `optimized_ms` and `speedup` come from one interleaved end-to-end run: the confirmation
+    run when there was one, else the selection run. `finalists` are the selection run's.
+    """
+
+    method: str
+    model: str
+    graph: Graph
+    state: EpisodeState
+    cost: float
+    original_cost: float
+    cost_model: str
+    expansions: int
+    evaluated: int
+    """Distinct graphs costed by the cost model (the candidates evaluated)."""
+    original_ms: float
+    optimized_ms: float
+    speedup: float
+    search_s: float
+    measure_s: float
+    threads: int
+    ort_level: str
+    provider: str
+    finalists: list[Finalist] = field(default_factory=list)
+    confirmed: bool | None = None
+    """None: the original won the selection run; else whether the confirmation run agreed."""
+
+    @property
+    def actions(self) -> list[Action]:
+        return self.state.actions
+
+    @property
+    def wall_s(self) -> float:
+        """Search plus final measurement, in seconds."""
+        return self.search_s + self.measure_s
+
+    @property
+    def rules_applied(self) -> dict[str, int]:
+        """Rule name -> times applied on the path to `graph`, most used first."""
+        return dict(Counter(action.rule for action in self.actions).most_common())
+
+    def summary(self) -> dict[str, object]:
+        """The result as JSON-ready fields (no graph)."""
+        return {
+            "method": self.method,
+            "model": self.model,
+            "cost_model": self.cost_model,
+            "original_cost": self.original_cost,
+            "optimized_cost": self.cost,
+            "original_ms": self.original_ms,
+            "optimized_ms": self.optimized_ms,
+            "speedup": self.speedup,
+            "steps": len(self.actions),
+            "expansions": self.expansions,
+            "evaluated": self.evaluated,
+            "rules_applied": self.rules_applied,
+            "search_s": self.search_s,
+            "measure_s": self.measure_s,
+            "wall_s": self.wall_s,
+            "threads": self.threads,
+            "ort_level": self.ort_level,
+            "provider": self.provider,
+            "finalists": [vars(finalist) for finalist in self.finalists],
+            "confirmed": self.confirmed,
+        }
+
+
+class Board:
+    """The `size` lowest-cost distinct graphs seen, each with the session that reached it.
+
+    Ties keep the graph seen first, so a deterministic search gives a deterministic board.
+    """
+
+    def __init__(self, size: int = DEFAULT_TOP_K) -> None:
+        self.size = size
+        self._heap: list[tuple[float, int, str, RewriteSession]] = []  # max-heap by -cost
+        self._hashes: set[str] = set()
+        self._counter = 0
+
+    def offer(self, cost: float, session: RewriteSession) -> None:
+        digest = session.graph.canonical_hash()
+        if digest in self._hashes:
+            return
+        self._counter += 1
+        entry = (-cost, -self._counter, digest, session)
+        if len(self._heap) < self.size:
+            heapq.heappush(self._heap, entry)
+            self._hashes.add(digest)
+        elif entry > self._heap[0]:
+            _, _, dropped, _ = heapq.heapreplace(self._heap, entry)
+            self._hashes.discard(dropped)
+            self._hashes.add(digest)
+
+    def would_keep(self, cost: float) -> bool:
+        """Whether a graph of this cost would enter the board (to skip forking sessions)."""
+        return len(self._heap) < self.size or cost < -self._heap[0][0]
+
+    def best(self) -> list[tuple[float, RewriteSession]]:
+        """Lowest cost first (ties: seen first)."""
+        return [
+            (-neg_cost, session) for neg_cost, _, _, session in sorted(self._heap, reverse=True)
+        ]
+
+
+def finish(
+    method: str,
+    session: RewriteSession,
+    board: Board,
+    cost: SearchCost,
+    *,
+    expansions: int,
+    started: float,
+    runner: Runner | None = None,
+    progress: Progress = NO_PROGRESS,
+) -> SearchResult:
+    """Measure the original and the board's graphs that cost no more than it, interleaved in
+    one run, and return the fastest as the result (the original if nothing beats it)."""
+    search_s = time.perf_counter() - started
+    measure_started = time.perf_counter()
+    original = session.original
+    original_cost = cost(original)
+    original_hash = original.canonical_hash()
+    contenders = [
+        (graph_cost, candidate)
+        for graph_cost, candidate in board.best()
+        if graph_cost <= original_cost and candidate.graph.canonical_hash() != original_hash
+    ]
+    runner = runner or default_runner(cost.settings)
+    progress.set_postfix_str(f"timing {len(contenders) + 1} graphs end to end", refresh=True)
+    selection = runner.compare([original, *(candidate.graph for _, candidate in contenders)])
+    unchanged = session.fork()
+    unchanged.graph, unchanged.actions = original, []
+    sessions = [unchanged, *(candidate for _, candidate in contenders)]
+    costs = [original_cost, *(graph_cost for graph_cost, _ in contenders)]
+    finalists = [
+        Finalist(
+            graph_hash=measurement.graph_hash,
+            cost=graph_cost,
+            min_ms=measurement.min_ms,
+            speedup=speedup,
+            steps=len(finalist.actions),
+        )
+        for measurement, speedup, graph_cost, finalist in zip(
+            selection.measurements, selection.speedups, costs, sessions
+        )
+    ]
+    winner = selection.fastest()
+    final, confirmed = selection, None
+    if winner != 0:
+        progress.set_postfix_str("confirming the fastest against the original", refresh=True)
+        final = runner.compare([original, sessions[winner].graph], use_cache=False)
+        confirmed = final.speedups[1] > 1.0
+        sessions, costs = [sessions[0], sessions[winner]], [costs[0], costs[winner]]
+        winner = 1 if confirmed else 0
+    chosen, chosen_cost = sessions[winner], costs[winner]
+    reward = 100.0 * (original_cost - chosen_cost) / original_cost if original_cost else 0.0
+    measurement = final.measurements[winner]
+    return SearchResult(
+        method=method,
+        model=session.model,
+        graph=chosen.graph,
+        state=chosen.state(reward=reward),
+        cost=chosen_cost,
+        original_cost=original_cost,
+        cost_model=cost.name,
+        expansions=expansions,
+        evaluated=cost.evaluations,
+        original_ms=final.measurements[0].min_ms,
+        optimized_ms=measurement.min_ms,
+        speedup=1.0 if winner == 0 else final.speedups[winner],
+        search_s=search_s,
+        measure_s=time.perf_counter() - measure_started,
+        threads=measurement.threads,
+        ort_level=measurement.ort_level,
+        provider=measurement.provider,
+        finalists=finalists,
+        confirmed=confirmed,
+    )

@@ -1,0 +1,89 @@
+"""The cost a search minimises: analytic, per-op measured or end-to-end measured, by graph hash.
+
+A search asks for the cost of the same graph many times (TASO re-derives a graph by several
+paths; random walks revisit), so every cost is computed once per canonical hash. The three
+models trade fidelity for speed: `analytic` is a roofline sum (microseconds per graph),
+`perop` times each distinct operator once in onnxruntime (cached on disk), `e2e` times every
+graph end to end (seconds per graph: only for small budgets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlflow.cost import AnalyticCostModel, OrtSettings, PerOpCostModel, Runner
+from rlflow.errors import RlflowError
+from rlflow.graph import Graph
+
+COST_MODELS: tuple[str, ...] = ("analytic", "perop", "e2e")
+
+
+class SearchCost:
+    """A cost function of graphs, memoised by canonical hash.
+
+    Args:
+        name: the cost model's name, reported with every result.
+        cost_ms: the underlying function (graph -> estimated or measured ms).
+        settings: the onnxruntime settings the cost stands for; the final end-to-end
+            measurement of a search uses the same ones.
+    """
+
+    def __init__(self, name: str, cost_ms: Callable[[Graph], float], settings: OrtSettings):
+        self.name = name
+        self.settings = settings
+        self._cost_ms = cost_ms
+        self._by_hash: dict[str, float] = {}
+        self._asked: set[str] = set()
+        self.calls = 0
+        """How many times a cost was asked for (cache hits included)."""
+
+    @property
+    def evaluations(self) -> int:
+        """How many distinct graphs were costed since `reset_count` (cache hits included)."""
+        return len(self._asked)
+
+    def reset_count(self) -> None:
+        """Start counting distinct graphs afresh (a search calls it as it starts), keeping the
+        memoised costs."""
+        self._asked = set()
+
+    def __call__(self, graph: Graph) -> float:
+        self.calls += 1
+        digest = graph.canonical_hash()
+        self._asked.add(digest)
+        cost = self._by_hash.get(digest)
+        if cost is None:
+            cost = float(self._cost_ms(graph))
+            self._by_hash[digest] = cost
+        return cost
+
+    def __repr__(self) -> str:
+        return f"SearchCost({self.name!r}, {self.evaluations} graphs costed)"
+
+
+def make_cost(name: str = "analytic", settings: OrtSettings | None = None) -> SearchCost:
+    """The named cost model under `settings` (default: 1 thread, ORT level all)."""
+    settings = (settings or OrtSettings()).resolved()
+    if name == "analytic":
+        model = AnalyticCostModel(settings=settings)
+        return SearchCost(name, model.cost_ms, settings)
+    if name == "perop":
+        perop = PerOpCostModel(settings)
+        return SearchCost(name, perop.cost_ms, settings)
+    if name == "e2e":
+        # Short timings: a search measures many graphs, and only ranks them; the final
+        # comparison of the best few is the careful, interleaved one.
+        runner = Runner(settings, runs=10, min_time_s=0.05, max_runs=200)
+        warmed = False
+
+        def e2e_ms(graph: Graph) -> float:
+            nonlocal warmed
+            if not warmed:
+                # The first graph a process times reads slow (seen: 0.083 vs 0.053 ms); that
+                # first graph is the original, which would then look easy to beat.
+                runner.measure(graph, use_cache=False)
+                warmed = True
+            return runner.measure(graph, use_cache=False).min_ms
+
+        return SearchCost(name, e2e_ms, settings)
+    raise RlflowError(f"unknown cost model {name!r}; choose one of {', '.join(COST_MODELS)}")
