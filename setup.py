@@ -7,8 +7,9 @@ setup(
     version="0.1.0",
     description="Reinforcement-learned, verified tensor-graph rewriting on ONNX (X-RLflow, RLFlow)",
     python_requires=">=3.11",
-    packages=find_packages(include=["rlflow", "rlflow.*", "worldmodel", "worldmodel.*",
-                                    "envs", "envs.*"]),
+    packages=find_packages(
+        include=["rlflow", "rlflow.*", "worldmodel", "worldmodel.*", "envs", "envs.*"]
+    ),
     package_data={"rlflow": ["rewrite/rules/*.json"]},
     include_package_data=True,
     install_requires=[
