@@ -25,7 +25,7 @@ import onnx
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.session import OrtSettings, make_session
 from rlflow.cost.source import ModelLike, ModelSource, TensorSpec
-from rlflow.errors import RlflowError
+from rlflow.errors import RlflowError, first_line
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class EquivalenceChecker:
         except RlflowError:
             raise
         except Exception as error:
-            message = f"the reference model fails in onnxruntime: {_first_line(error)}"
+            message = f"the reference model fails in onnxruntime: {first_line(error)}"
             raise RlflowError(message) from None
         finally:
             source.release()
@@ -117,7 +117,7 @@ class EquivalenceChecker:
         try:
             session = make_session(source.model_bytes(), self.settings)
         except Exception as error:
-            return _not_equivalent(f"candidate does not load in onnxruntime: {_first_line(error)}")
+            return _not_equivalent(f"candidate does not load in onnxruntime: {first_line(error)}")
         finally:
             source.release()
         output_names = [spec.name for spec in source.outputs]
@@ -126,9 +126,7 @@ class EquivalenceChecker:
             try:
                 actual = session.run(output_names, feeds)
             except Exception as error:
-                return _not_equivalent(
-                    f"candidate fails to run (seed {seed}): {_first_line(error)}"
-                )
+                return _not_equivalent(f"candidate fails to run (seed {seed}): {first_line(error)}")
             for spec, want, got in zip(self.outputs, expected, actual, strict=True):
                 abs_err, rel_err, problem = self._compare(spec, np.asarray(want), np.asarray(got))
                 max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
@@ -224,8 +222,3 @@ def _first_difference(bad: np.ndarray, want: np.ndarray, got: np.ndarray, rule: 
         f"{count} of {bad.size} elements off ({rule}); first at {index}: "
         f"reference {want[index].item()!r}, candidate {got[index].item()!r}"
     )
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__

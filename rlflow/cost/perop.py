@@ -37,6 +37,7 @@ from rlflow.cost.cache import cache_dir
 from rlflow.cost.inputs import int_range, random_tensor
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, TensorSpec, max_ort_ir_version
+from rlflow.errors import first_line
 from rlflow.graph import Graph, Node, load_model
 
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
@@ -192,7 +193,7 @@ class PerOpCostModel:
             ms: float | None = self._time(model, feeds, runs=self.runs)
             error = ""
         except Exception as failure:  # any failure to build or run means "cannot run alone"
-            ms, error = None, _first_line(failure)
+            ms, error = None, first_line(failure)
         self._save(key, node.op_type, ms, error)
         return ms, error
 
@@ -355,8 +356,3 @@ def _digest(*parts: bytes | str) -> str:
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return h.hexdigest()
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__

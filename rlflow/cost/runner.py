@@ -23,7 +23,7 @@ from rlflow.cost.cache import read_json, update_json_atomic
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, ModelSource
-from rlflow.errors import RlflowError
+from rlflow.errors import RlflowError, first_line
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class Runner:
                 session = make_session(source.model_bytes(), self.settings)
             except Exception as error:  # onnxruntime raises several types for a bad model
                 raise RlflowError(
-                    f"onnxruntime cannot load model {index}: {_first_line(error)}"
+                    f"onnxruntime cannot load model {index}: {first_line(error)}"
                 ) from None
             self.sessions_built += 1
             runners.append(
@@ -175,7 +175,7 @@ class Runner:
                     warm_ms = min(runners[index]() for _ in range(self.warmup))
                 except Exception as error:
                     raise RlflowError(
-                        f"onnxruntime cannot run model {index}: {_first_line(error)}"
+                        f"onnxruntime cannot run model {index}: {first_line(error)}"
                     ) from None
                 fastest_ms = min(fastest_ms, warm_ms)
             wanted = int(self.min_time_s * 1e3 / max(fastest_ms, 1e-3))
@@ -223,8 +223,3 @@ def _comparison_from_dict(entry: dict[str, Any]) -> Comparison:
         ratios=tuple(entry["ratios"]),
         pair_ratio_medians=tuple(entry["pair_ratio_medians"]),
     )
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__

@@ -16,7 +16,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
-from rlflow.errors import RlflowError
+from rlflow.errors import RlflowError, first_line
 from rlflow.graph.ir import Graph, Node, Value
 from rlflow.graph.shapes import evaluate_node, fold_constants, infer_shapes, shapes_from_runtime
 
@@ -54,7 +54,7 @@ def _read(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path))
     except (DecodeError, ValueError, RuntimeError, OSError) as error:
-        raise RlflowError(f"{path} is not a valid ONNX model ({_short(error)})") from None
+        raise RlflowError(f"{path} is not a valid ONNX model ({first_line(error, 200)})") from None
     if not model.graph.node and not model.graph.output:
         raise RlflowError(f"{path} is not a valid ONNX model (it holds no graph)")
     try:
@@ -62,7 +62,8 @@ def _read(path: str | os.PathLike) -> onnx.ModelProto:
     except onnx.checker.ValidationError as error:
         # Outputs without a declared shape are legal ONNX that onnxruntime runs; we infer them.
         if "Field 'shape' of 'type' is required" not in str(error):
-            raise RlflowError(f"{path} is not a valid ONNX model ({_short(error)})") from None
+            reason = first_line(error, 200)
+            raise RlflowError(f"{path} is not a valid ONNX model ({reason})") from None
     return model
 
 
@@ -305,8 +306,3 @@ def graph_to_onnx(graph: Graph) -> onnx.ModelProto:
 
 def _value_info(value: Value) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(value.name, value.dtype, value.shape)
-
-
-def _short(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:200] if lines else type(error).__name__

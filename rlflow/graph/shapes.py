@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from rlflow.errors import RlflowError
+from rlflow.errors import RlflowError, first_line
 
 # Constants larger than this are handed to shape inference as typed inputs, not data:
 # it needs only the small ones (shape vectors) and copying weights would dominate load time.
@@ -57,7 +57,7 @@ def infer_shapes(
     try:
         inferred = onnx.shape_inference.infer_shapes(light_model, strict_mode=False, data_prop=True)
     except Exception as error:  # onnx raises several types; all mean the same to a user
-        raise RlflowError(f"ONNX shape inference failed: {_first_line(error)}") from None
+        raise RlflowError(f"ONNX shape inference failed: {first_line(error)}") from None
     types: dict[str, tuple[int, tuple[int | str | None, ...]]] = {}
     for info in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
         if not info.type.HasField("tensor_type"):
@@ -176,7 +176,7 @@ def shapes_from_runtime(model: onnx.ModelProto, names: list[str]) -> dict[str, t
     except Exception as error:
         raise RlflowError(
             f"could not determine the shapes of {len(names)} values "
-            f"(e.g. {names[0]!r}): {_first_line(error)}"
+            f"(e.g. {names[0]!r}): {first_line(error)}"
         ) from None
     return {
         name: (helper.np_dtype_to_tensor_dtype(np.asarray(r).dtype), tuple(np.shape(r)))
@@ -194,8 +194,3 @@ _ORT_NUMPY = {
     "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__

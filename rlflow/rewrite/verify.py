@@ -26,6 +26,7 @@ from typing import Any
 
 import onnx
 
+from rlflow.errors import first_line
 from rlflow.rewrite.rule import RewriteRejected, Rule
 
 _ENGINE_MODULES = ("rule.py", "pattern.py", "build.py", "template.py", "rules/common.py")
@@ -59,7 +60,7 @@ def verify_rule(rule: Rule) -> VerificationResult:
         try:
             graph = rule.example_graph(setting)
         except Exception as error:  # a rule without a usable example cannot be trusted
-            return failed(setting, f"no example model ({_first_line(error)})")
+            return failed(setting, f"no example model ({first_line(error)})")
         try:
             match = next(iter(rule.sites(graph)), None)
             if match is None:
@@ -69,7 +70,7 @@ def verify_rule(rule: Rule) -> VerificationResult:
         except RewriteRejected as error:
             return failed(setting, f"rewrite rejected: {error}")
         except Exception as error:  # checker errors come in several types; a rule bug too
-            return failed(setting, f"invalid result: {_first_line(error)}")
+            return failed(setting, f"invalid result: {first_line(error)}")
         report = check_equivalence(graph, result, seeds=(0, 1))
         worst = max(worst, report.max_abs_err)
         if not report.equivalent:
@@ -201,8 +202,3 @@ def _write_cache(fresh: dict[str, dict]) -> None:
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)  # a read-only cache only costs re-verification
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__
