@@ -20,7 +20,6 @@ fallback, never an error.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import time
@@ -39,6 +38,7 @@ from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, TensorSpec, max_ort_ir_version
 from rlflow.errors import first_line
 from rlflow.graph import Graph, Node, load_model
+from rlflow.graph.hashing import digest
 
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
 # larger ones are weights, whose values do not change the running time.
@@ -165,7 +165,7 @@ class PerOpCostModel:
     def overhead_ms(self) -> float:
         """onnxruntime's time for one run of a trivial model (cached like an operator)."""
         if self._overhead_ms is None:
-            key = _digest("overhead", self._settings_key)
+            key = digest("overhead", self._settings_key).hex()
             cached = self._lookup(key)
             if cached is None:
                 model, feeds = _trivial_model()
@@ -252,7 +252,7 @@ def node_key(graph: Graph, node: Node, settings_key: str = "") -> str:
     for name in node.outputs:
         known = name and name in graph.values
         parts.append(f"{graph.values[name].dtype}:{graph.values[name].shape}" if known else "-")
-    return _digest(*parts)
+    return digest(*parts).hex()
 
 
 def _values_matter(array: np.ndarray) -> bool:
@@ -347,12 +347,3 @@ def _open_db(path: Path) -> sqlite3.Connection:
             "settings TEXT, ms REAL, error TEXT, created REAL)"
         )
     return db
-
-
-def _digest(*parts: bytes | str) -> str:
-    h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()

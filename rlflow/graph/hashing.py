@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"})
 
 
-def _digest(*parts: bytes | str) -> bytes:
+def digest(*parts: bytes | str) -> bytes:
+    """A 16-byte BLAKE2 digest of the parts, each length-prefixed so that boundaries count."""
     h = hashlib.blake2b(digest_size=16)
     for part in parts:
         data = part.encode() if isinstance(part, str) else part
@@ -38,7 +39,7 @@ def array_digest(array: np.ndarray) -> bytes:
     """
     contiguous = np.ascontiguousarray(array)
     content = hashlib.sha256(contiguous.view(np.uint8).data).digest()
-    return _digest(str(contiguous.dtype), str(contiguous.shape), content)
+    return digest(str(contiguous.dtype), str(contiguous.shape), content)
 
 
 def canonical_hash(graph: Graph) -> str:
@@ -48,11 +49,11 @@ def canonical_hash(graph: Graph) -> str:
     so only nodes downstream of a rewrite are hashed again.
     """
     parent = graph._parent_hashes
-    value_hash: dict[str, bytes] = {"": _digest("absent")}
+    value_hash: dict[str, bytes] = {"": digest("absent")}
     for position, value in enumerate(graph.inputs):
-        value_hash[value.name] = _digest("input", str(position), str(value.dtype), str(value.shape))
+        value_hash[value.name] = digest("input", str(position), str(value.dtype), str(value.shape))
     for name in graph.initializers:
-        value_hash[name] = _digest("const", graph.const_digest(name))
+        value_hash[name] = digest("const", graph.const_digest(name))
     for node in graph.nodes:
         if parent is not None and _unchanged(node, *parent, value_hash):
             for out in node.outputs:
@@ -62,13 +63,13 @@ def canonical_hash(graph: Graph) -> str:
         input_hashes = [value_hash[name] for name in node.inputs]
         if node.domain in ("", "ai.onnx") and node.op_type in COMMUTATIVE:
             input_hashes.sort()
-        node_hash = _digest(_node_digest(node), b"|", *input_hashes)
+        node_hash = digest(_node_digest(node), b"|", *input_hashes)
         for index, out in enumerate(node.outputs):
             if out:
-                value_hash[out] = _digest(node_hash, str(index))
+                value_hash[out] = digest(node_hash, str(index))
     graph._value_hashes = value_hash
     graph._parent_hashes = None
-    return _digest(*(value_hash[value.name] for value in graph.outputs)).hex()
+    return digest(*(value_hash[value.name] for value in graph.outputs)).hex()
 
 
 def _unchanged(node, parent_hashes: dict[str, bytes], parent_producers, value_hash) -> bool:
@@ -85,6 +86,6 @@ def _node_digest(node) -> bytes:
         attrs = [
             node.attrs[key].SerializeToString(deterministic=True) for key in sorted(node.attrs)
         ]
-        digest = _digest(node.domain, node.op_type, *attrs)
+        digest = digest(node.domain, node.op_type, *attrs)
         node._attr_digest = digest
     return digest
