@@ -81,11 +81,11 @@ def _unchanged(node, parent_hashes: dict[str, bytes], parent_producers, value_ha
 
 def _node_digest(node) -> bytes:
     """Operator, domain and attributes: fixed for a Node, so computed once per Node object."""
-    digest = getattr(node, "_attr_digest", None)
-    if digest is None:
+    cached = getattr(node, "_attr_digest", None)
+    if cached is None:
         attrs = [
             node.attrs[key].SerializeToString(deterministic=True) for key in sorted(node.attrs)
         ]
-        digest = digest(node.domain, node.op_type, *attrs)
-        node._attr_digest = digest
-    return digest
+        cached = digest(node.domain, node.op_type, *attrs)
+        node._attr_digest = cached
+    return cached
