@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import os
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +23,7 @@ from typing import Any
 
 import onnx
 
+from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.errors import first_line
 from rlflow.rewrite.rule import RewriteRejected, Rule
 
@@ -179,26 +177,16 @@ def _engine_digest() -> str:
 
 
 def cache_path() -> Path:
-    root = os.environ.get("RLFLOW_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "rlflow"
-    return base / "rewrite" / "verification.json"
+    return cache_dir() / "rewrite" / "verification.json"
 
 
 def _read_cache() -> dict[str, dict]:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(cache_path())
 
 
 def _write_cache(fresh: dict[str, dict]) -> None:
-    """Merge new verdicts into the cache file, written to a temporary name and renamed."""
-    path = cache_path()
-    merged = {**_read_cache(), **fresh}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    """Merge new verdicts into the cache file (written to a temporary name and renamed)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        update_json_atomic(cache_path(), fresh)
     except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only cache only costs re-verification
+        pass  # a read-only cache only costs re-verification
