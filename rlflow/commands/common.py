@@ -6,11 +6,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlflow.errors import RlflowError
+from rlflow.fileio import write_bytes_atomic as write_atomic  # noqa: F401 (commands use it)
 from rlflow.graph import Graph, load_model
 
 
@@ -85,20 +85,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: a killed job leaves no half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def stderr(message: str) -> None:

@@ -1,16 +1,18 @@
 """Where measurements are cached on disk, and how cache files are written without tearing.
 
 Every cache lives under `$RLFLOW_CACHE_DIR` if set, else `~/.cache/rlflow`. Files are written
-to a temporary name and renamed, so a killed run or a concurrent writer never leaves half a file.
+to a temporary name and renamed, so a killed run or a concurrent writer never leaves half a file
+(`rlflow.fileio`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from rlflow.fileio import write_json_atomic
 
 
 def cache_dir() -> Path:
@@ -31,19 +33,6 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write `data` as JSON to a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
 def update_json_atomic(path: Path, entries: dict[str, Any]) -> dict[str, Any]:
     """Merge `entries` into the JSON object at `path` and write it back atomically.
 
@@ -54,3 +43,6 @@ def update_json_atomic(path: Path, entries: dict[str, Any]) -> dict[str, Any]:
     data.update(entries)
     write_json_atomic(path, data)
     return data
+
+
+__all__ = ["cache_dir", "read_json", "update_json_atomic", "write_json_atomic"]

@@ -53,7 +53,6 @@ import itertools
 import json
 import os
 import sys
-import tempfile
 import time
 import zlib
 from collections import defaultdict
@@ -64,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from rlflow.errors import RlflowError
+from rlflow.fileio import write_text_atomic
 
 # ----------------------------------------------------------------------------------------------
 # Symbolic dimensions: ("v", id) a variable, ("c", value) a constant, ("s", a, b) the sum of a
@@ -1529,17 +1529,7 @@ def write_rules(
         + ",\n".join(json.dumps(rule) for rule in rules)
         + "\n]}\n"
     )
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".generated-", suffix=".json")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.chmod(temporary, 0o644)  # package data: mkstemp's 0600 would hide it from others
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    write_text_atomic(path, text)
     return rules
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import io
 import os
-import uuid
 import warnings
 import zlib
 from collections.abc import Callable
@@ -37,6 +36,7 @@ import torch
 from onnx import numpy_helper
 
 from rlflow.errors import RlflowError
+from rlflow.fileio import write_bytes_atomic
 from rlflow.zoo import cnns, transformers
 from rlflow.zoo.benchmark import Benchmark
 
@@ -177,17 +177,9 @@ def export(name: str, size: str, path: str | Path) -> Path:
     _check(name, size)
     path = Path(path)
     model = to_onnx(name, size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A temporary name that never ends in .onnx, renamed only once complete: a killed export
-    # leaves at worst a stray *.tmp, never a truncated model under the real name.
-    # A unique name per writer lets concurrent exports of one model race harmlessly.
-    tmp_path = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        onnx.save_model(model, tmp_path, save_as_external_data=False)
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
+    # Renamed only once complete: a killed export never leaves a truncated model under the
+    # real name, and concurrent exports of one model race harmlessly.
+    write_bytes_atomic(path, model.SerializeToString())
     return path
 
 

@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+import rlflow.fileio
 from rlflow.errors import RlflowError
 from rlflow.zoo import MODEL_NAMES, ZOO_VERSION, cached_path, describe, export
 
@@ -106,11 +107,11 @@ def test_cache_dir_defaults_to_home(monkeypatch: pytest.MonkeyPatch, tmp_path: P
 
 
 def test_failed_export_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def killed(*args: object, **kwargs: object) -> None:
-        Path(args[1]).write_bytes(b"half a model")
+    def killed_before_rename(source: str, target: object) -> None:
+        assert Path(source).stat().st_size > 0  # the whole model was written, under a temp name
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(onnx, "save_model", killed)
+    monkeypatch.setattr(rlflow.fileio.os, "replace", killed_before_rename)
     with pytest.raises(KeyboardInterrupt):
         export("resnet-18", "small", tmp_path / "model.onnx")
     assert list(tmp_path.iterdir()) == []
