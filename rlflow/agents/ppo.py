@@ -1,0 +1,595 @@
+"""PPO over GraphRewrite-v0: the model-free X-RLflow baseline, trained across many graphs.
+
+One file, read top to bottom like CleanRL's `ppo.py`: the hyperparameters (`PPOConfig`,
+mirrored by `configs/ppo.yaml`), then `train`, which collects whole episodes with the current
+policy (a masked categorical over the env's candidates plus stop, scored by the shared GNN),
+computes GAE advantages, and takes clipped-objective minibatch steps. A run directory holds
+`config.yaml`, TensorBoard event files, `progress.json` (what the sample-efficiency
+comparisons read) and `checkpoints/latest.pt`, from which a rerun continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import yaml
+from torch import nn
+from torch.distributions import Categorical
+from torch_geometric.data import Data
+
+import envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
+from envs import GRAPH_REWRITE_ID
+from envs.graph_rewrite import GraphRewriteEnv
+from rlflow.cost.cache import read_json, write_json_atomic
+from rlflow.errors import RlflowError, first_line
+from rlflow.nn import (
+    SCORER_MODES,
+    CandidateScorer,
+    candidate_batch,
+    candidate_data,
+    collate,
+    observation_to_data,
+)
+
+CHECKPOINT_VERSION = 1
+CHECKPOINT = Path("checkpoints") / "latest.pt"
+ARCHITECTURE_FIELDS = ("scorer", "hidden", "layers", "heads", "portable")
+"""Fields a rerun must keep to resume a run: they shape the network or its rule vocabulary."""
+ENV_FIELDS = (
+    "size",
+    "cost",
+    "measure_every",
+    "ort_level",
+    "portable",
+    "max_nodes",
+    "max_edges",
+    "max_candidates",
+    "max_site_nodes",
+    "horizon",
+)
+"""The PPOConfig fields that are GraphRewriteEnv keyword arguments (besides `models`)."""
+
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters of a PPO run (X-RLflow's defaults); `configs/ppo.yaml` mirrors them."""
+
+    # ---- the environment
+    models: list[str] = field(default_factory=lambda: ["squeezenet-1.1"])
+    """zoo names or .onnx paths; the env draws one per episode"""
+    size: str = "small"
+    """zoo model size: small | full"""
+    cost: str = "analytic"
+    """reward cost source: analytic | perop | e2e | e2e-sparse"""
+    measure_every: int = 10
+    """e2e-sparse: env steps between end-to-end measurements"""
+    ort_level: str = "all"
+    """onnxruntime optimisation level of measurements: all | disable"""
+    portable: bool = False
+    """only rules that emit standard ONNX ops"""
+    max_nodes: int = 512
+    """padded operator count of an observation"""
+    max_edges: int = 1024
+    """padded edge count of an observation"""
+    max_candidates: int = 128
+    """candidate action slots (plus stop)"""
+    max_site_nodes: int = 4
+    """node indices kept per candidate site"""
+    horizon: int = 100
+    """steps per episode before truncation"""
+
+    # ---- the network
+    scorer: str = "local"
+    """candidate scoring: local (one GNN pass per state) | full (one per candidate graph)"""
+    hidden: int = 64
+    """embedding size of the GNN and the heads"""
+    layers: int = 3
+    """GATv2 layers of the encoder"""
+    heads: int = 4
+    """attention heads per GATv2 layer"""
+
+    # ---- the algorithm
+    seed: int = 0
+    """seed of torch, numpy and the env's model draws"""
+    total_steps: int = 20000
+    """env steps of the whole run (a rerun continues to this count)"""
+    learning_rate: float = 5e-4
+    """Adam learning rate"""
+    anneal_lr: bool = False
+    """decay the learning rate linearly to 0 over total_steps"""
+    episodes_per_update: int = 10
+    """whole episodes collected per policy update"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """lambda of generalised advantage estimation"""
+    minibatch_size: int = 16
+    """states per gradient step"""
+    update_epochs: int = 4
+    """passes over the rollout per update"""
+    norm_adv: bool = True
+    """normalise advantages within each minibatch"""
+    clip_coef: float = 0.2
+    """PPO's surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss as the surrogate is clipped"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    target_kl: float | None = 0.05
+    """stop an update's epochs once the approximate KL passes this (null: never)"""
+    torch_threads: int = 1
+    """torch intra-op threads (the env measures with one thread too)"""
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """The GraphRewriteEnv keyword arguments of this config, without `models`."""
+        return {name: getattr(self, name) for name in ENV_FIELDS}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> PPOConfig:
+        """A config from a mapping (YAML); unknown keys are an error, missing ones default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {key: value for key, value in values.items() if key != "kind"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise RlflowError(f"unknown PPO config keys: {', '.join(unknown)}")
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if isinstance(self.models, str):
+            self.models = [self.models]
+        self.models = [str(model) for model in self.models]
+        if not self.models:
+            raise RlflowError("give at least one model to train on")
+        if self.scorer not in SCORER_MODES:
+            raise RlflowError(f"unknown scorer {self.scorer!r}; choose {' or '.join(SCORER_MODES)}")
+        for name in ("total_steps", "episodes_per_update", "minibatch_size", "update_epochs"):
+            if getattr(self, name) < 1:
+                raise RlflowError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.horizon < 1:
+            raise RlflowError(f"horizon must be at least 1, got {self.horizon}")
+        if self.hidden % self.heads:
+            raise RlflowError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+
+
+def load_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a YAML config file (RlflowError if missing or not a mapping)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = yaml.safe_load(handle)
+    except OSError as error:
+        raise RlflowError(f"cannot read config {path}: {first_line(error)}") from None
+    except yaml.YAMLError as error:
+        raise RlflowError(f"config {path} is not valid YAML: {first_line(error)}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise RlflowError(f"config {path} must be a mapping of hyperparameters")
+    return values
+
+
+def make_env(config: PPOConfig) -> GraphRewriteEnv:
+    """The training env: all of the config's models, one drawn per episode."""
+    return gym.make(
+        GRAPH_REWRITE_ID,
+        models=config.models,
+        max_episode_steps=config.horizon,
+        disable_env_checker=True,
+        **config.env_kwargs(),
+    )
+
+
+def make_scorer(config: PPOConfig, num_rules: int) -> CandidateScorer:
+    return CandidateScorer(
+        num_rules,
+        mode=config.scorer,
+        hidden=config.hidden,
+        layers=config.layers,
+        heads=config.heads,
+    )
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """torch.save to a temporary file beside `path`, then rename: never half a checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The latest checkpoint of a PPO run directory; RlflowError if missing or unreadable."""
+    path = Path(run_dir) / CHECKPOINT
+    if not path.is_file():
+        raise RlflowError(f"no PPO checkpoint at {path} (train one with `rlflow train-ppo`)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # a truncated or foreign file: pickle, zip or torch errors
+        raise RlflowError(f"cannot read checkpoint {path}: {first_line(error)}") from None
+    if not isinstance(state, dict) or state.get("kind") != "ppo":
+        raise RlflowError(f"{path} is not an rlflow PPO checkpoint")
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise RlflowError(
+            f"{path} has checkpoint version {state.get('version')}, this rlflow reads "
+            f"{CHECKPOINT_VERSION}"
+        )
+    return state
+
+
+# ---- acting --------------------------------------------------------------------------------
+
+
+def policy_inputs(
+    scorer: CandidateScorer, env: GraphRewriteEnv, observation: dict[str, np.ndarray]
+) -> tuple[Data, list[Data]]:
+    """What the scorer needs of one state: its graph data and, for `full`, the candidates'."""
+    data = observation_to_data(observation)
+    if not scorer.needs_candidate_graphs:
+        return data, []
+    return data, candidate_data(env.unwrapped.candidate_observations())
+
+
+def evaluate_actions(
+    scorer: CandidateScorer,
+    states: list[Data],
+    candidates: list[list[Data]],
+    actions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CleanRL's `get_action_and_value`: (action, log-prob, entropy, value) of B states;
+    samples the actions when none are given."""
+    batch = collate(states)
+    graphs = (
+        candidate_batch(candidates, batch.candidate_rules.shape[1])
+        if scorer.needs_candidate_graphs
+        else None
+    )
+    logits, value = scorer(batch, graphs)
+    probs = Categorical(logits=logits)
+    if actions is None:
+        actions = probs.sample()
+    return actions, probs.log_prob(actions), probs.entropy(), value
+
+
+# ---- training ------------------------------------------------------------------------------
+
+
+def train(
+    config: PPOConfig, run_dir: str | os.PathLike, *, progress: bool = True
+) -> dict[str, Any]:
+    """Train (or continue training) a PPO agent into `run_dir`; returns a summary."""
+    from torch.utils.tensorboard import SummaryWriter
+    from tqdm import tqdm
+
+    config.validate()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = run_dir / CHECKPOINT
+    resumed = load_checkpoint(run_dir) if checkpoint_path.exists() else None
+    if resumed is not None:
+        _check_resumable(resumed["config"], config, run_dir)
+    torch.set_num_threads(config.torch_threads)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    env = make_env(config)
+    rule_names = list(env.unwrapped.rule_names)
+    scorer = make_scorer(config, len(rule_names))
+    optimizer = torch.optim.Adam(scorer.parameters(), lr=config.learning_rate, eps=1e-5)
+    global_step, update, episode, real_measurements_before, wall_before = 0, 0, 0, 0, 0.0
+    progress_log: dict[str, Any] = {"kind": "ppo", "episodes": [], "updates": []}
+    if resumed is not None:
+        if resumed["rule_names"] != rule_names:
+            raise RlflowError(
+                f"{checkpoint_path} was trained on another rule set; resume it with the same "
+                "rlflow version, or train into a new --out"
+            )
+        scorer.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        optimizer.param_groups[0]["lr"] = config.learning_rate  # the rerun's, if changed
+        global_step, update = resumed["global_step"], resumed["update"]
+        episode = resumed["episodes"]
+        real_measurements_before, wall_before = resumed["real_measurements"], resumed["wall_s"]
+        torch.set_rng_state(resumed["torch_rng"])
+        np.random.set_state(resumed["numpy_rng"])
+        progress_log = _progress_until(read_json(run_dir / "progress.json"), global_step)
+
+    _write_config(run_dir, config)
+    # purge_step: TensorBoard drops what a killed run logged after its last checkpoint.
+    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resumed else None)
+    writer.add_text("hyperparameters", _hyperparameter_table(config), global_step)
+    print(f"tensorboard --logdir {run_dir}", file=sys.stderr)
+    if resumed is not None:
+        print(f"resuming {run_dir} at step {global_step} (update {update})", file=sys.stderr)
+
+    started = time.perf_counter()
+    start_step = global_step
+    # A resumed run reseeds the env from its step count: a fresh but reproducible stream.
+    observation, info = env.reset(seed=config.seed + global_step)
+    bar = tqdm(
+        total=config.total_steps,
+        initial=global_step,
+        desc=f"ppo {'+'.join(config.models)}",
+        unit="step",
+        disable=not progress,
+        file=sys.stderr,
+        mininterval=0.5,
+    )
+
+    def real_measurements() -> int:
+        """End-to-end measurements of the whole run, earlier runs of it included."""
+        return real_measurements_before + env.unwrapped.real_measurements
+
+    while global_step < config.total_steps:
+        if config.anneal_lr:
+            frac = 1.0 - global_step / config.total_steps
+            optimizer.param_groups[0]["lr"] = frac * config.learning_rate
+
+        # ---- rollout: whole episodes with the current policy
+        obs: list[Data] = []
+        cands: list[list[Data]] = []
+        actions, logprobs, rewards, values = [], [], [], []
+        next_values, episode_ends = [], []
+        episodes_done = 0
+        scorer.eval()
+        while episodes_done < config.episodes_per_update and global_step < config.total_steps:
+            state, candidates = policy_inputs(scorer, env, observation)
+            with torch.no_grad():
+                action, logprob, _, value = evaluate_actions(scorer, [state], [candidates])
+            observation, reward, terminated, truncated, info = env.step(int(action))
+            global_step += 1
+            bar.update(1)
+            obs.append(state)
+            cands.append(candidates)
+            actions.append(int(action))
+            logprobs.append(float(logprob))
+            rewards.append(float(reward))
+            values.append(float(value))
+            cut = global_step >= config.total_steps
+            ended = terminated or truncated or cut
+            if terminated:
+                next_values.append(0.0)
+            elif ended:  # truncated or out of budget: bootstrap from the state reached
+                with torch.no_grad():
+                    next_values.append(float(scorer.value(collate([observation]))))
+            else:
+                next_values.append(float("nan"))  # filled from values[t + 1] below
+            episode_ends.append(ended)
+            if terminated or truncated:
+                episode += 1
+                episodes_done += 1
+                episode_state = env.unwrapped.episode_state()
+                entry = {
+                    "episode": episode,
+                    "global_step": global_step,
+                    "model": info["model"],
+                    "return": episode_state.reward,
+                    "speedup": info["speedup"],
+                    "length": info["step"],
+                    "real_measurements": real_measurements(),
+                    "wall_s": wall_before + time.perf_counter() - started,
+                }
+                progress_log["episodes"].append(entry)
+                writer.add_scalar("charts/episodic_return", entry["return"], global_step)
+                writer.add_scalar("charts/speedup", entry["speedup"], global_step)
+                writer.add_scalar("charts/episodic_length", entry["length"], global_step)
+                bar.set_postfix_str(f"return {entry['return']:.2f} speedup {entry['speedup']:.3f}")
+                observation, info = env.reset()
+
+        # ---- advantages: GAE over the rollout, episode by episode
+        steps = len(rewards)
+        b_values = torch.tensor(values)
+        b_rewards = torch.tensor(rewards)
+        advantages = torch.zeros(steps)
+        lastgaelam = 0.0
+        for t in reversed(range(steps)):
+            nextvalue = next_values[t] if episode_ends[t] else values[t + 1]
+            delta = b_rewards[t] + config.gamma * nextvalue - b_values[t]
+            carry = 0.0 if episode_ends[t] else lastgaelam
+            lastgaelam = delta + config.gamma * config.gae_lambda * carry
+            advantages[t] = lastgaelam
+        returns = advantages + b_values
+        b_actions = torch.tensor(actions)
+        b_logprobs = torch.tensor(logprobs)
+
+        # ---- optimise the policy and value network
+        scorer.train()
+        b_inds = np.arange(steps)
+        clipfracs: list[float] = []
+        pg_loss = v_loss = entropy_loss = approx_kl = old_approx_kl = torch.tensor(0.0)
+        for _epoch in range(config.update_epochs):
+            np.random.shuffle(b_inds)
+            for start in range(0, steps, config.minibatch_size):
+                mb_inds = b_inds[start : start + config.minibatch_size]
+                _, newlogprob, entropy, newvalue = evaluate_actions(
+                    scorer,
+                    [obs[i] for i in mb_inds],
+                    [cands[i] for i in mb_inds],
+                    b_actions[mb_inds],
+                )
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > config.clip_coef).float().mean().item())
+
+                mb_advantages = advantages[mb_inds]
+                if config.norm_adv and len(mb_inds) > 1:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (
+                        mb_advantages.std() + 1e-8
+                    )
+
+                # Policy loss
+                pg_loss1 = -mb_advantages * ratio
+                pg_loss2 = -mb_advantages * torch.clamp(
+                    ratio, 1 - config.clip_coef, 1 + config.clip_coef
+                )
+                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+                # Value loss
+                if config.clip_vloss:
+                    v_loss_unclipped = (newvalue - returns[mb_inds]) ** 2
+                    v_clipped = b_values[mb_inds] + torch.clamp(
+                        newvalue - b_values[mb_inds], -config.clip_coef, config.clip_coef
+                    )
+                    v_loss_clipped = (v_clipped - returns[mb_inds]) ** 2
+                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - returns[mb_inds]) ** 2).mean()
+
+                entropy_loss = entropy.mean()
+                loss = pg_loss - config.ent_coef * entropy_loss + v_loss * config.vf_coef
+
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(scorer.parameters(), config.max_grad_norm)
+                optimizer.step()
+
+            if config.target_kl is not None and approx_kl > config.target_kl:
+                break
+        update += 1
+
+        y_pred, y_true = b_values.numpy(), returns.numpy()
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+        elapsed = time.perf_counter() - started
+        sps = int((global_step - start_step) / elapsed) if elapsed > 0 else 0
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.add_scalar("losses/clipfrac", float(np.mean(clipfracs)), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("charts/real_measurements", real_measurements(), global_step)
+        progress_log["updates"].append(
+            {
+                "update": update,
+                "global_step": global_step,
+                "value_loss": v_loss.item(),
+                "policy_loss": pg_loss.item(),
+                "entropy": entropy_loss.item(),
+                "approx_kl": approx_kl.item(),
+                "clipfrac": float(np.mean(clipfracs)),
+                "sps": sps,
+            }
+        )
+
+        # ---- checkpoint: progress first, so a kill in between leaves progress ahead of the
+        # checkpoint, which a rerun trims back to it
+        wall_s = wall_before + time.perf_counter() - started
+        progress_log.update(
+            global_step=global_step,
+            updates_done=update,
+            episodes_done=episode,
+            real_measurements=real_measurements(),
+            wall_s=wall_s,
+        )
+        write_json_atomic(run_dir / "progress.json", progress_log)
+        save_checkpoint(
+            checkpoint_path,
+            {
+                "kind": "ppo",
+                "version": CHECKPOINT_VERSION,
+                "config": config.to_dict(),
+                "rule_names": rule_names,
+                "model": scorer.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "global_step": global_step,
+                "update": update,
+                "episodes": episode,
+                "real_measurements": real_measurements(),
+                "wall_s": wall_s,
+                "torch_rng": torch.get_rng_state(),
+                "numpy_rng": np.random.get_state(),
+            },
+        )
+        writer.flush()
+
+    bar.close()
+    writer.close()
+    env.close()
+    recent = progress_log["episodes"][-config.episodes_per_update :]
+    return {
+        "run_dir": str(run_dir),
+        "global_step": global_step,
+        "updates": update,
+        "episodes": episode,
+        "real_measurements": real_measurements(),
+        "wall_s": wall_before + time.perf_counter() - started,
+        "mean_return": float(np.mean([e["return"] for e in recent])) if recent else None,
+        "mean_speedup": float(np.mean([e["speedup"] for e in recent])) if recent else None,
+        "resumed": resumed is not None,
+    }
+
+
+# ---- run-directory helpers -----------------------------------------------------------------
+
+
+def _check_resumable(saved: dict[str, Any], config: PPOConfig, run_dir: Path) -> None:
+    changed = [name for name in ARCHITECTURE_FIELDS if saved.get(name) != getattr(config, name)]
+    if changed:
+        details = ", ".join(f"{n}: {saved.get(n)!r} -> {getattr(config, n)!r}" for n in changed)
+        raise RlflowError(
+            f"{run_dir} holds a run with another network ({details}); "
+            "train into a new --out or keep these settings"
+        )
+
+
+def _write_config(run_dir: Path, config: PPOConfig) -> None:
+    text = yaml.safe_dump({"kind": "ppo", **config.to_dict()}, sort_keys=False)
+    path = run_dir / "config.yaml"
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a config is for anyone to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _hyperparameter_table(config: PPOConfig) -> str:
+    rows = "\n".join(f"|{key}|{value}|" for key, value in config.to_dict().items())
+    return f"|param|value|\n|-|-|\n{rows}"
+
+
+def _progress_until(progress: dict[str, Any], global_step: int) -> dict[str, Any]:
+    """A progress log trimmed to what a checkpoint at `global_step` had seen."""
+    progress = progress or {}
+    progress.setdefault("kind", "ppo")
+    for key in ("episodes", "updates"):
+        progress[key] = [
+            entry for entry in progress.get(key, []) if entry.get("global_step", 0) <= global_step
+        ]
+    return progress
