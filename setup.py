@@ -28,6 +28,7 @@ setup(
         "pyyaml>=6",
         "tqdm>=4.66",
         "matplotlib>=3.8",
+        "cma>=3.3",  # CMA-ES of the world-model controller (worldmodel/controller.py)
     ],
     extras_require={"dev": ["pytest>=8", "ruff>=0.5"]},
     entry_points={"console_scripts": ["rlflow=rlflow.cli:main"]},

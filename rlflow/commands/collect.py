@@ -1,0 +1,102 @@
+"""`rlflow collect --model M... --episodes N --out DATA_DIR`: real rollouts for the world model.
+
+Shards are written atomically with a manifest; a rerun resumes and never rewrites a finished
+shard. The manifest records the real env steps and real end-to-end measurements spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rlflow.commands.common import print_json
+
+FLAGS = ["episodes", "policy", "size", "cost", "seed", "episodes_per_shard", "stop_probability"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "collect", help="roll out a policy in the real env and store shards for the world model"
+    )
+    parser.add_argument(
+        "--model", nargs="+", required=True, metavar="MODEL", help="zoo names or .onnx paths"
+    )
+    parser.add_argument("--episodes", type=int, help="episodes wanted in DATA_DIR (default 64)")
+    parser.add_argument(
+        "--policy", help="random (default) | ppo:RUN_DIR | controller:RUN_DIR", metavar="POLICY"
+    )
+    parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")
+    parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
+    parser.add_argument("--size", choices=("small", "full"), help="zoo model size (small)")
+    parser.add_argument(
+        "--cost", choices=("analytic", "perop", "e2e", "e2e-sparse"), help="env reward cost"
+    )
+    parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
+    parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
+    parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")
+    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from worldmodel.collect import CollectSettings, collect
+    from worldmodel.config import build, overrides, section
+
+    started = time.perf_counter()
+    _set_threads(args.threads)
+    values = {**section(args.config, "collect"), **overrides(args, FLAGS), "models": args.model}
+    settings = build(CollectSettings, values, "collect settings")
+    before = _finished_shards(args.out)
+    manifest = collect(settings, args.out, workers=args.workers, progress=not args.quiet)
+    totals = manifest["totals"]
+    summary = {
+        "out": str(args.out),
+        "models": settings.models,
+        "policy": settings.policy,
+        "episodes": totals["episodes"],
+        "steps": totals["steps"],
+        "shards": len(manifest["shards"]),
+        "new_shards": len(manifest["shards"]) - before,
+        "real_env_steps": totals["real_env_steps"],
+        "real_measurements": totals["real_measurements"],
+        "collect_s": totals["seconds"],
+        "wall_s": time.perf_counter() - started,
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        print(
+            f"{summary['out']}: {summary['episodes']} episodes, {summary['steps']} steps in "
+            f"{summary['shards']} shards ({summary['new_shards']} new) of {summary['policy']} "
+            f"on {', '.join(summary['models'])}"
+        )
+        print(
+            f"real env steps {summary['real_env_steps']}, real measurements "
+            f"{summary['real_measurements']}; wall {summary['wall_s']:.1f} s"
+        )
+    return 0
+
+
+def _finished_shards(out: str) -> int:
+    import json
+    from pathlib import Path
+
+    try:
+        return len(json.loads((Path(out) / "manifest.json").read_text())["shards"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    from rlflow.errors import RlflowError
+
+    if threads < 1:
+        raise RlflowError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)

@@ -1,0 +1,195 @@
+"""`rlflow train-controller --wm RUN_DIR --out RUN_DIR [--eval-real]`: a controller trained in
+the world model's dream (no real env step), then optionally checked in the real env.
+
+`--eval-real` runs every temperature's controller on the models, measures the final graphs
+against the originals end to end, and prints the dream-vs-real table (also `eval.json`).
+`progress.json` adds up the real env steps and measurements behind the run (collect + eval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from rlflow.commands.common import print_json
+
+FLAGS = ["method", "generations", "population", "ppo_iterations", "temperature", "seed"]
+
+
+def _temperatures(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0.5,1,1.5, got {text!r}") from None
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train-controller", help="train a controller in the world model's dream (CMA-ES or PPO)"
+    )
+    parser.add_argument("--wm", required=True, metavar="RUN_DIR", help="from rlflow train-wm")
+    parser.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory")
+    parser.add_argument("--method", choices=("cmaes", "ppo"), help="cmaes (default) | ppo")
+    parser.add_argument("--generations", type=int, help="CMA-ES generations (40)")
+    parser.add_argument("--population", type=int, help="CMA-ES population (16)")
+    parser.add_argument("--ppo-iterations", type=int, help="PPO iterations (60)")
+    parser.add_argument("--temperature", type=float, help="tau of the run's policy (1.0)")
+    parser.add_argument(
+        "--temperatures", type=_temperatures, help="taus to train at, e.g. 0.5,1,1.5"
+    )
+    parser.add_argument("--seed", type=int, help="seed (0)")
+    parser.add_argument(
+        "--eval-real", action="store_true", help="then run the controllers in the real env"
+    )
+    parser.add_argument(
+        "--models", nargs="+", metavar="MODEL", help="--eval-real models (default: the data's)"
+    )
+    parser.add_argument(
+        "--random-episodes", type=int, default=8, help="--eval-real random-agent episodes (8)"
+    )
+    parser.add_argument(
+        "--no-measure", action="store_true", help="--eval-real without end-to-end timing"
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rlflow.cost.cache import write_json_atomic
+    from rlflow.errors import RlflowError
+    from worldmodel.config import build, overrides, section, write_run_config
+    from worldmodel.controller import ControllerSettings, train_controller
+    from worldmodel.model import WorldModel
+
+    started = time.perf_counter()
+    _set_threads(args.threads)
+    values = {**section(args.config, "train_controller"), **overrides(args, FLAGS)}
+    if args.temperatures is not None:
+        values["temperatures"] = args.temperatures
+    settings = build(ControllerSettings, values, "train_controller settings")
+    settings.validate()
+    if args.random_episodes < 0:
+        raise RlflowError(f"--random-episodes must be at least 0, got {args.random_episodes}")
+    WorldModel.load(args.wm)  # a bad --wm fails before RUN_DIR is made
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"wm": str(Path(args.wm).resolve()), **asdict(settings)}
+    write_run_config(
+        out,
+        "controller",
+        config,
+        may_change=("generations", "ppo_iterations", "eval_dream_episodes"),
+    )
+    print(f"tensorboard --logdir {out}")
+    trained = train_controller(args.wm, out, settings, progress=not args.quiet)
+    world = WorldModel.from_bundle(out / "world_model.pt")
+    collected = world.meta.get("collect_totals", {})
+    summary: dict[str, Any] = {
+        "out": str(out),
+        "method": settings.method,
+        "temperature": settings.temperature,
+        "controllers": trained,
+        "dream_real_env_steps": 0,
+        "collect_real_env_steps": int(collected.get("real_env_steps", 0)),
+        "collect_real_measurements": int(collected.get("real_measurements", 0)),
+    }
+    report = None
+    if args.eval_real:
+        from worldmodel.evaluate import evaluate_real, temperature_table
+
+        models = args.models or list(world.meta["models"])
+        report = evaluate_real(
+            out,
+            world,
+            settings,
+            models,
+            random_episodes=args.random_episodes,
+            seed=settings.seed,
+            measure=not args.no_measure,
+            progress=not args.quiet,
+        )
+        write_json_atomic(out / "eval.json", report)
+        summary["eval"] = report
+    summary["real_env_steps"] = summary["collect_real_env_steps"] + (
+        report["real_env_steps"] if report else 0
+    )
+    summary["real_measurements"] = summary["collect_real_measurements"] + (
+        report["real_measurements"] if report else 0
+    )
+    summary["wall_s"] = time.perf_counter() - started
+    write_json_atomic(out / "progress.json", _progress(summary, report, settings.temperature))
+    if args.json:
+        print_json(summary)
+    else:
+        for row in trained.values():
+            print(
+                f"tau {row['temperature']:g}: dream return {row['dream_return']:.3f} "
+                f"({row['parameters']} controller parameters, {settings.method})"
+            )
+        if report is not None:
+            print(temperature_table(report))
+            print(f"wrote {out / 'eval.json'}")
+        print(
+            f"real env steps {summary['real_env_steps']} (collect "
+            f"{summary['collect_real_env_steps']}, dream training 0), real measurements "
+            f"{summary['real_measurements']}; wall {summary['wall_s']:.1f} s"
+        )
+    return 0
+
+
+def _progress(
+    summary: dict[str, Any], report: dict[str, Any] | None, temperature: float
+) -> dict[str, Any]:
+    """What the sample-efficiency comparison with PPO reads: real steps and measurements spent,
+    and the speedup reached at that cost (the run's main temperature)."""
+    progress: dict[str, Any] = {
+        "kind": "controller",
+        "global_step": summary["real_env_steps"],
+        "real_env_steps": summary["real_env_steps"],
+        "real_measurements": summary["real_measurements"],
+        "collect_real_env_steps": summary["collect_real_env_steps"],
+        "collect_real_measurements": summary["collect_real_measurements"],
+        "dream_real_env_steps": 0,
+        "wall_s": summary["wall_s"],
+    }
+    if report is not None:
+        row = report["temperatures"][f"{temperature:g}"]
+        progress.update(
+            eval_real_env_steps=report["real_env_steps"],
+            eval_real_measurements=report["real_measurements"],
+            speedup=row["speedup"],
+            real_return=row["real_return"],
+            dream_return=row["dream_return"],
+            episodes=[
+                {
+                    "global_step": summary["collect_real_env_steps"],
+                    "model": entry["model"],
+                    "return": entry["real_return"],
+                    "speedup": entry["speedup"],
+                    "length": entry["steps"],
+                    "real_measurements": summary["collect_real_measurements"],
+                }
+                for entry in report["per_model"]
+                if entry["temperature"] == temperature
+            ],
+        )
+    return progress
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    from rlflow.errors import RlflowError
+
+    if threads < 1:
+        raise RlflowError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)

@@ -1,0 +1,88 @@
+"""`rlflow train-wm --data DATA_DIR --out RUN_DIR`: the world model (VAE, then MDN-RNN).
+
+Writes TensorBoard events, `config.yaml` (kind: world_model), per-epoch checkpoints a rerun
+resumes from, and `progress.json` (the real env steps and measurements behind the data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rlflow.commands.common import print_json
+
+FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "seed"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train-wm", help="train the world model (graph VAE + MDN-RNN) on collected rollouts"
+    )
+    parser.add_argument("--data", required=True, metavar="DATA_DIR", help="from rlflow collect")
+    parser.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory")
+    parser.add_argument("--latent", type=int, help="size of z (32)")
+    parser.add_argument("--vae-epochs", type=int, help="VAE epochs (30)")
+    parser.add_argument("--rnn-epochs", type=int, help="MDN-RNN epochs (40)")
+    parser.add_argument("--rnn-hidden", type=int, help="MDN-RNN LSTM size (256)")
+    parser.add_argument("--mixtures", type=int, help="Gaussians per latent dimension (8)")
+    parser.add_argument("--seed", type=int, help="seed (0)")
+    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rlflow.errors import RlflowError
+    from worldmodel.config import build, overrides, section, write_run_config
+    from worldmodel.data import read_manifest
+    from worldmodel.train import WorldModelSettings, train_world_model
+
+    started = time.perf_counter()
+    _set_threads(args.threads)
+    values = {**section(args.config, "train_wm"), **overrides(args, FLAGS)}
+    settings = build(WorldModelSettings, values, "train_wm settings")
+    if min(settings.latent, settings.vae_epochs, settings.rnn_epochs, settings.rnn_hidden) < 1:
+        raise RlflowError("latent, vae_epochs, rnn_epochs and rnn_hidden must be at least 1")
+    read_manifest(Path(args.data))  # a bad DATA_DIR fails before RUN_DIR is made
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"data": str(Path(args.data).resolve()), **asdict(settings)}
+    write_run_config(out, "world_model", config, may_change=("vae_epochs", "rnn_epochs"))
+    print(f"tensorboard --logdir {out}")
+    summary = train_world_model(args.data, out, settings, progress=not args.quiet)
+    summary["wall_s"] = time.perf_counter() - started
+    if args.json:
+        print_json(summary)
+    else:
+        vae, rnn = summary["vae"], summary["mdnrnn_val"]
+        print(
+            f"world model in {out}: {summary['episodes']} episodes "
+            f"({summary['val_episodes']} held out), {summary['active_rules']} active rules"
+        )
+        print(
+            f"held out: VAE recon {vae['recon']:.3f} kl {vae['kl']:.2f}; MDN-RNN nll "
+            f"{rnn['mdn_nll']:.2f} reward mse {rnn['reward_mse']:.3f} done bce "
+            f"{rnn['done_bce']:.3f} mask bce {rnn['mask_bce']:.3f}"
+        )
+        print(
+            f"real env steps {summary['real_env_steps']}, real measurements "
+            f"{summary['real_measurements']}; wall {summary['wall_s']:.1f} s"
+        )
+    return 0
+
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    from rlflow.errors import RlflowError
+
+    if threads < 1:
+        raise RlflowError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)

@@ -1,0 +1,175 @@
+"""Collect: shards round-trip the env's observations, a rerun resumes without rewriting a
+finished shard, workers give the same shards, and settings are pinned per directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import envs
+from rlflow.errors import RlflowError
+from worldmodel.collect import CollectSettings, RandomPolicy, collect, load_policy
+from worldmodel.data import (
+    EpisodeRecord,
+    RolloutData,
+    observation_record,
+    read_shard,
+    step_record,
+    write_shard,
+)
+
+MODEL = "resnet-18"
+
+
+def shard_state(data_dir):
+    return {
+        path.name: (path.stat().st_mtime_ns, path.stat().st_ino, _digest(path))
+        for path in sorted(data_dir.glob("shard-*.npz"))
+    }
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_shards_round_trip_the_padded_observations(tmp_path):
+    env = gym.make(envs.GRAPH_REWRITE_ID, models=[MODEL], max_nodes=64, max_edges=128)
+    num_rules = len(env.unwrapped.rule_names)
+    rng = np.random.default_rng(0)
+    policy = RandomPolicy(0.0)
+    observation, _ = env.reset(seed=0)
+    seen = [observation]
+    record = EpisodeRecord(model=0, observations=[observation_record(observation, num_rules, 0)])
+    for _ in range(3):
+        action = policy.act(observation, rng=rng)
+        following, reward, terminated, truncated, _ = env.step(action)
+        nxt = observation_record(following, num_rules, 0)
+        record.steps.append(
+            step_record(observation, action, reward, terminated, truncated, nxt, num_rules)
+        )
+        record.observations.append(nxt)
+        seen.append(following)
+        observation = following
+        if terminated or truncated:
+            break
+    env.close()
+    path = tmp_path / "shard-00000.npz"
+    write_shard(path, [record], {"index": 0})
+    arrays, meta = read_shard(path)
+    assert meta == {"index": 0}
+    manifest = {
+        "kind": "rollouts",
+        "rule_names": list(env.unwrapped.rule_names),
+        "env": {"max_nodes": 64, "max_edges": 128},
+        "shards": {path.name: {"episodes": 1}},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    data = RolloutData.load(tmp_path)
+    assert data.num_observations == len(seen) and data.num_steps == len(seen) - 1
+    for index, expected in enumerate(seen):
+        restored = data.observation(index)
+        assert restored.keys() == expected.keys()
+        for key in expected:
+            np.testing.assert_array_equal(restored[key], expected[key], err_msg=key)
+    step = data.arrays
+    np.testing.assert_array_equal(step["next_action_mask"], step["action_mask"][1:].astype(bool))
+    rules = step["action_rule"]
+    assert all(rules[t] == seen[t]["candidate_rules"][step["action"][t]] for t in range(len(rules)))
+
+
+def test_rerun_resumes_and_never_rewrites_a_finished_shard(tmp_path):
+    out = tmp_path / "data"
+    settings = CollectSettings(models=[MODEL], episodes=4, episodes_per_shard=2)
+    first = collect(settings, out, progress=False)
+    before = shard_state(out)
+    assert list(before) == ["shard-00000.npz", "shard-00001.npz"]
+    again = collect(settings, out, progress=False)
+    assert shard_state(out) == before
+    assert again["totals"] == first["totals"]
+    # asking for more adds shards after the finished ones, which stay as they were
+    more = collect(
+        CollectSettings(models=[MODEL], episodes=7, episodes_per_shard=2), out, progress=False
+    )
+    after = shard_state(out)
+    assert {name: after[name] for name in before} == before
+    assert sorted(after) == [f"shard-{i:05d}.npz" for i in range(4)]
+    assert more["totals"]["episodes"] == 7
+    assert RolloutData.load(out).num_episodes == 7
+
+
+def test_a_shard_written_before_a_kill_is_adopted_not_redone(tmp_path):
+    out = tmp_path / "data"
+    settings = CollectSettings(models=[MODEL], episodes=2, episodes_per_shard=1)
+    collect(settings, out, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["shards"]["shard-00001.npz"]  # as if killed between shard and manifest
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = shard_state(out)
+    adopted = collect(settings, out, progress=False)
+    assert shard_state(out) == before
+    assert adopted["totals"]["episodes"] == 2
+
+
+@pytest.mark.slow  # two spawned processes each import torch: tens of seconds on a busy CPU
+def test_workers_give_the_same_shards_as_one_process(tmp_path):
+    settings = CollectSettings(models=[MODEL], episodes=2, episodes_per_shard=1, seed=5)
+    collect(settings, tmp_path / "one", progress=False)
+    collect(settings, tmp_path / "two", workers=2, progress=False)
+    for name in ("shard-00000.npz", "shard-00001.npz"):
+        one, _ = read_shard(tmp_path / "one" / name)
+        two, _ = read_shard(tmp_path / "two" / name)
+        for key in one:
+            np.testing.assert_array_equal(one[key], two[key], err_msg=key)
+
+
+def test_other_settings_refuse_the_directory(tmp_path):
+    out = tmp_path / "data"
+    collect(CollectSettings(models=[MODEL], episodes=1), out, progress=False)
+    with pytest.raises(RlflowError, match="other settings.*seed"):
+        collect(CollectSettings(models=[MODEL], episodes=1, seed=1), out, progress=False)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("x")
+    with pytest.raises(RlflowError, match="non-empty directory"):
+        collect(CollectSettings(models=[MODEL], episodes=1), tmp_path / "junk", progress=False)
+
+
+def test_random_policy_is_rlflows_random_agent():
+    mask = np.array([1, 0, 1, 0, 1], dtype=np.int8)  # slots 0 and 2 offered, 4 is stop
+    rng = np.random.default_rng(0)
+    draws = [RandomPolicy(0.2).act({"action_mask": mask}, rng=rng) for _ in range(2000)]
+    counts = np.bincount(draws, minlength=5)
+    assert counts[1] == counts[3] == 0
+    assert 0.15 < counts[4] / 2000 < 0.25
+    assert abs(counts[0] - counts[2]) < 150
+    assert RandomPolicy(0.0).act({"action_mask": np.array([0, 0, 1])}, rng=rng) == 2
+
+
+@pytest.mark.parametrize("spec", ["greedy", "ppo", "ppo:", "random:x"])
+def test_bad_policy_specs(spec):
+    with pytest.raises(RlflowError, match="bad --policy"):
+        load_policy(spec)
+
+
+def test_missing_policy_run_dir(tmp_path):
+    with pytest.raises(RlflowError, match="no such run directory"):
+        load_policy(f"ppo:{tmp_path / 'missing'}")
+
+
+def test_a_deleted_shard_is_collected_again(tmp_path):
+    out = tmp_path / "data"
+    settings = CollectSettings(models=[MODEL], episodes=3, episodes_per_shard=1)
+    collect(settings, out, progress=False)
+    (out / "shard-00001.npz").unlink()
+    kept = shard_state(out)
+    with pytest.raises(RlflowError, match="shard-00001.npz is missing"):
+        RolloutData.load(out)
+    manifest = collect(settings, out, progress=False)
+    assert manifest["totals"]["episodes"] == 3
+    after = shard_state(out)
+    assert {name: after[name] for name in kept} == kept
+    assert sorted(after) == ["shard-00000.npz", "shard-00002.npz", "shard-00003.npz"]
+    assert RolloutData.load(out).num_episodes == 3

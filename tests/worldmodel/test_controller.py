@@ -1,0 +1,201 @@
+"""The controller: trained in the dream with zero real-env calls, and how it acts for real."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from envs.graph_rewrite import GraphRewriteEnv
+from rlflow.cli import main
+from rlflow.cost import AnalyticCostModel, Runner
+from rlflow.errors import RlflowError
+from worldmodel.collect import RandomPolicy
+from worldmodel.controller import (
+    ControllerSettings,
+    LinearController,
+    batched_logits,
+    dream_returns,
+    load_controller_policy,
+)
+from worldmodel.evaluate import real_env, run_episode
+from worldmodel.model import WorldModel
+
+
+class Counter:
+    """Wraps methods of real classes so every call is counted, then runs the real method."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: dict[str, int] = {}
+        self.monkeypatch = monkeypatch
+
+    def wrap(self, cls: type, name: str) -> None:
+        original = getattr(cls, name)
+        key = f"{cls.__name__}.{name}"
+        self.calls[key] = 0
+
+        def counted(*args, **kwargs):
+            self.calls[key] += 1
+            return original(*args, **kwargs)
+
+        self.monkeypatch.setattr(cls, name, counted)
+
+
+def test_train_controller_never_calls_the_real_env(pipeline, tmp_path, monkeypatch):
+    counter = Counter(monkeypatch)
+    for name in ("__init__", "reset", "step"):
+        counter.wrap(GraphRewriteEnv, name)
+    for name in ("measure", "compare"):
+        counter.wrap(Runner, name)
+    out = tmp_path / "controller"
+    code = main(
+        [
+            "train-controller",
+            "--wm",
+            str(pipeline.wm),
+            "--out",
+            str(out),
+            "--config",
+            str(pipeline.config),
+            "--generations",
+            "3",
+            "--temperatures",
+            "1",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    assert (out / "tau-1" / "controller.pt").is_file()  # it did train
+    assert counter.calls == {
+        "GraphRewriteEnv.__init__": 0,
+        "GraphRewriteEnv.reset": 0,
+        "GraphRewriteEnv.step": 0,
+        "Runner.measure": 0,
+        "Runner.compare": 0,
+    }
+    # the counters do see real calls: one real reset and step through the same patches
+    env = real_env(WorldModel.load(pipeline.wm), "resnet-18")
+    env.reset(seed=0)
+    env.step(env.action_space.n - 1)
+    assert counter.calls["GraphRewriteEnv.reset"] == 1
+    assert counter.calls["GraphRewriteEnv.step"] == 1
+
+
+def test_controller_beats_random_agent_in_real_env_seeded(pipeline):
+    policy = load_controller_policy(pipeline.controller)
+    env = real_env(policy.world, "resnet-18")
+    try:
+        controller = [
+            run_episode(env, policy, seed=seed, deterministic=True)["return"] for seed in range(2)
+        ]
+        random = [
+            run_episode(env, RandomPolicy(0.2), seed=seed, deterministic=False)["return"]
+            for seed in range(8)
+        ]
+    finally:
+        env.close()
+    assert controller[0] == controller[1]  # deterministic: seeds only pick the model
+    assert controller[0] > np.mean(random)
+    assert controller[0] == pipeline.train_controller["eval"]["temperatures"]["1"]["real_return"]
+
+
+def test_policy_applies_the_chosen_rules_cheapest_candidate(pipeline):
+    policy = load_controller_policy(pipeline.controller)
+    world = policy.world
+    env = real_env(world, "resnet-18")
+    analytic = AnalyticCostModel()
+    try:
+        observation, _ = env.reset(seed=0)
+        for _ in range(6):
+            slot = policy.act(observation, deterministic=True, rng=None, env=env.unwrapped)
+            mask = observation["action_mask"]
+            if slot == len(mask) - 1:
+                break
+            assert mask[slot] == 1
+            rule = observation["candidate_rules"][slot]
+            assert rule in world.active_rules
+            offered = env.unwrapped.offered_candidates()
+            same_rule = [
+                analytic.cost_ms(offered[i].graph)
+                for i in np.flatnonzero(observation["candidate_rules"] == rule)
+            ]
+            assert analytic.cost_ms(offered[slot].graph) == min(same_rule)
+            observation, _, terminated, truncated, _ = env.step(slot)
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+
+
+def test_policy_without_env_takes_the_rules_first_slot(pipeline):
+    policy = load_controller_policy(pipeline.controller)
+    env = real_env(policy.world, "resnet-18")
+    try:
+        observation, _ = env.reset(seed=0)
+        slot = policy.act(observation, deterministic=True, rng=None, env=None)
+    finally:
+        env.close()
+    if slot != len(observation["action_mask"]) - 1:
+        rule = observation["candidate_rules"][slot]
+        assert slot == np.flatnonzero(observation["candidate_rules"] == rule)[0]
+
+
+def test_batched_logits_match_one_controller_at_a_time():
+    rng = np.random.default_rng(0)
+    params = rng.standard_normal((3, LinearController.num_params(4, 5)))
+    x = rng.standard_normal((3, 2, 5))
+    batched = batched_logits(params, x, 4)
+    for p in range(3):
+        controller = LinearController(4, 5, params[p])
+        np.testing.assert_allclose(batched[p], controller.logits(x[p]))
+
+
+def test_identical_controllers_get_identical_dream_returns(pipeline):
+    """Common random numbers: every controller of a population sees the same dream draws."""
+    world = WorldModel.load(pipeline.wm)
+    size = LinearController.num_params(world.num_actions, world.latent + world.hidden)
+    one = np.random.default_rng(1).standard_normal(size) * 0.1
+    returns = dream_returns(
+        world,
+        np.stack([one, one, np.zeros(size)]),
+        episodes=4,
+        temperature=1.0,
+        max_steps=20,
+        rng=np.random.default_rng(0),
+    )
+    assert returns[0] == returns[1]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"method": "sgd"}, "unknown method"),
+        ({"temperature": 2.0}, "not among temperatures"),
+        ({"population": 1}, "population"),
+    ],
+)
+def test_controller_settings_are_checked(change, message):
+    settings = ControllerSettings(**change)
+    with pytest.raises(RlflowError, match=message):
+        settings.validate()
+
+
+def test_load_controller_policy_refuses_other_run_dirs(pipeline, tmp_path):
+    with pytest.raises(RlflowError, match="no such controller run directory"):
+        load_controller_policy(tmp_path / "missing")
+    with pytest.raises(RlflowError, match="not a controller run config"):
+        load_controller_policy(pipeline.wm)
+
+
+def test_interrupted_cmaes_resumes_to_the_same_controller(pipeline, tmp_path, capsys):
+    def train(out, generations):
+        argv = ["train-controller", "--wm", str(pipeline.wm), "--out", str(out)]
+        argv += ["--config", str(pipeline.config), "--temperatures", "1", "--quiet"]
+        assert main([*argv, "--generations", str(generations)]) == 0
+
+    train(tmp_path / "straight", 4)
+    train(tmp_path / "resumed", 2)  # as if stopped after two generations
+    train(tmp_path / "resumed", 4)
+    capsys.readouterr()
+    one = load_controller_policy(tmp_path / "straight").controller.params
+    two = load_controller_policy(tmp_path / "resumed").controller.params
+    np.testing.assert_array_equal(one, two)

@@ -1,0 +1,81 @@
+"""The dream env: gymnasium's checker, seeded determinism, masks and episode ends from M."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from rlflow.errors import RlflowError
+from worldmodel.dream import DreamBatch, DreamEnv
+from worldmodel.model import WorldModel
+
+
+@pytest.fixture(scope="module")
+def world(pipeline) -> WorldModel:
+    return WorldModel.load(pipeline.wm)
+
+
+def test_check_env_passes(world):
+    check_env(DreamEnv(world, render_mode="ansi"), skip_render_check=False)
+
+
+def rollout(env: DreamEnv, seed: int) -> list:
+    observation, info = env.reset(seed=seed)
+    trace = [observation["latent"].copy()]
+    rng = np.random.default_rng(seed)
+    for _ in range(env.max_steps):
+        valid = np.flatnonzero(observation["action_mask"][:-1])
+        action = int(rng.choice(valid)) if len(valid) else env.action_space.n - 1
+        observation, reward, terminated, truncated, info = env.step(action)
+        trace.append((observation["latent"].copy(), reward, terminated, truncated))
+        assert observation["action_mask"][-1] == 1  # stop is always possible
+        assert np.array_equal(observation["action_mask"], info["action_mask"])
+        if terminated or truncated:
+            break
+    return trace
+
+
+def test_seeded_dreams_repeat_and_temperatures_differ(world):
+    first = rollout(DreamEnv(world, temperature=1.0), seed=3)
+    again = rollout(DreamEnv(world, temperature=1.0), seed=3)
+    assert len(first) == len(again)
+    for a, b in zip(first[1:], again[1:]):
+        np.testing.assert_array_equal(a[0], b[0])
+        assert a[1:] == b[1:]
+    hot = rollout(DreamEnv(world, temperature=1.5), seed=3)
+    np.testing.assert_array_equal(first[0], hot[0])  # same start draw
+    assert not np.array_equal(first[1][0], hot[1][0])  # tau changes the next latent
+
+
+def test_stop_terminates_and_masked_action_is_a_noop_step(world):
+    env = DreamEnv(world)
+    env.reset(seed=0)
+    _, _, terminated, truncated, info = env.step(env.action_space.n - 1)
+    assert terminated and not truncated and info["rule"] is None
+    observation, _ = env.reset(seed=0)
+    masked = np.flatnonzero(observation["action_mask"] == 0)
+    if len(masked):
+        _, _, _, _, info = env.step(int(masked[0]))
+        assert info["invalid_action"]
+
+
+def test_truncation_after_max_steps(world):
+    batch = DreamBatch(world, episodes=4, max_steps=2, rng=np.random.default_rng(0))
+    batch.reset()
+    apply_first = np.zeros(4, dtype=np.int64)
+    _, _, terminated, truncated, _ = batch.step(apply_first)
+    assert not truncated.any()
+    _, _, terminated, truncated, _ = batch.step(apply_first)
+    assert (terminated | truncated).all()
+
+
+def test_dream_env_refuses_bad_use(world):
+    with pytest.raises(RlflowError, match="temperature"):
+        DreamEnv(world, temperature=0.0)
+    env = DreamEnv(world)
+    with pytest.raises(RlflowError, match="reset"):
+        env.step(0)
+    env.reset(seed=0)
+    with pytest.raises(RlflowError, match="outside"):
+        env.step(env.action_space.n)

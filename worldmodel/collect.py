@@ -1,0 +1,386 @@
+"""Real-environment rollouts for the world model: RLFlow's random agent, shards, resume.
+
+`collect(settings, out)` runs `settings.episodes` episodes of GraphRewrite-v0 with a policy and
+writes them as shards (`worldmodel.data`). Shard k holds the next `episodes_per_shard`
+episodes, seeded from (seed, k), so a rerun skips every shard the manifest lists as finished
+(never rewriting one) and a larger `episodes` only adds shards. The manifest records the real
+env steps and real end-to-end measurements each shard cost, for the sample-efficiency
+comparison with PPO.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rlflow.errors import RlflowError
+from worldmodel.data import (
+    MANIFEST,
+    SHARD_FORMAT,
+    SHARD_PATTERN,
+    EpisodeRecord,
+    observation_record,
+    read_manifest,
+    read_shard,
+    step_record,
+    write_manifest,
+    write_shard,
+)
+
+POLICY_KINDS = ("random", "ppo", "controller")
+
+
+class Policy(Protocol):
+    """What collect needs of a policy (the `rlflow.agents.policy.Policy` protocol)."""
+
+    env_config: dict[str, Any]
+
+    def act(
+        self,
+        observation: Mapping[str, np.ndarray],
+        *,
+        deterministic: bool,
+        rng: np.random.Generator,
+        env: Any = None,
+    ) -> int: ...
+
+
+class RandomPolicy:
+    """RLFlow's random agent: stop with probability `stop_probability`, else a candidate drawn
+    uniformly among those on offer (stop when there is none)."""
+
+    def __init__(self, stop_probability: float = 0.2) -> None:
+        if not 0.0 <= stop_probability <= 1.0:
+            raise RlflowError(f"stop probability must be in [0, 1], got {stop_probability}")
+        self.stop_probability = stop_probability
+        self.env_config: dict[str, Any] = {}
+
+    def act(
+        self,
+        observation: Mapping[str, np.ndarray],
+        *,
+        deterministic: bool = False,
+        rng: np.random.Generator,
+        env: Any = None,
+    ) -> int:
+        mask = np.asarray(observation["action_mask"])
+        stop = len(mask) - 1
+        offered = np.flatnonzero(mask[:-1])
+        if offered.size == 0 or rng.random() < self.stop_probability:
+            return stop
+        return int(rng.choice(offered))
+
+    def __repr__(self) -> str:
+        return f"RandomPolicy(stop_probability={self.stop_probability})"
+
+
+def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
+    """`random`, `ppo:RUN_DIR` (a `rlflow train-ppo` run) or `controller:RUN_DIR` (a
+    `rlflow train-controller` run, for World Models' iterative collection)."""
+    kind, _, run_dir = spec.partition(":")
+    if kind == "random" and not run_dir:
+        return RandomPolicy(stop_probability)
+    if kind in ("ppo", "controller") and run_dir:
+        if not Path(run_dir).is_dir():
+            raise RlflowError(f"no such run directory: {run_dir}")
+        if kind == "ppo":
+            try:
+                from rlflow.agents.policy import load_ppo_policy
+            except ImportError:
+                raise RlflowError("this rlflow has no PPO agent (rlflow.agents.policy)") from None
+            return load_ppo_policy(run_dir)
+        from worldmodel.controller import load_controller_policy
+
+        return load_controller_policy(run_dir)
+    raise RlflowError(f"bad --policy {spec!r}: expected random, ppo:RUN_DIR or controller:RUN_DIR")
+
+
+@dataclass
+class CollectSettings:
+    """What defines a data directory; a rerun must give the same (except episodes, workers)."""
+
+    models: list[str]
+    """Zoo names or .onnx paths; one is drawn per episode (multi-graph)."""
+    episodes: int = 64
+    """Episodes wanted in the directory in total (finished shards count)."""
+    policy: str = "random"
+    """random | ppo:RUN_DIR | controller:RUN_DIR."""
+    size: str = "small"
+    """Zoo model size: small | full."""
+    cost: str = "analytic"
+    """Reward cost source of the env: analytic | perop | e2e | e2e-sparse."""
+    seed: int = 0
+    """Seed of shard k's env resets and action draws: (seed, k)."""
+    stop_probability: float = 0.2
+    """The random agent's chance to stop at each step (RLFlow: 0.2)."""
+    episodes_per_shard: int = 16
+    """Episodes per shard file."""
+    max_episode_steps: int = 50
+    """Truncation of an episode (the env's TimeLimit)."""
+    env: dict[str, Any] = field(default_factory=dict)
+    """Other GraphRewriteEnv keyword arguments (max_nodes, ort_level, portable, ...)."""
+
+    def identity(self) -> dict[str, Any]:
+        """The settings a rerun must match to add to the same directory."""
+        identity = asdict(self)
+        for key in ("episodes", "episodes_per_shard"):
+            identity.pop(key)
+        return identity
+
+
+@dataclass
+class ShardJob:
+    index: int
+    episodes: int
+    path: str
+    settings: dict[str, Any]
+
+
+def make_env(settings: CollectSettings, env_config: Mapping[str, Any] | None = None) -> Any:
+    """The real GraphRewrite-v0 env of `settings` (the policy's env_config underneath)."""
+    import gymnasium as gym
+
+    import envs
+
+    kwargs: dict[str, Any] = dict(env_config or {})
+    kwargs.pop("models", None)
+    kwargs.update(settings.env)
+    kwargs.update(size=settings.size, cost=settings.cost)
+    kwargs.setdefault("max_episode_steps", settings.max_episode_steps)
+    return gym.make(envs.GRAPH_REWRITE_ID, models=list(settings.models), **kwargs)
+
+
+def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> dict[str, Any]:
+    """Collect one shard's episodes in a fresh env and write the shard; its manifest entry."""
+    settings = CollectSettings(**job.settings)
+    policy = load_policy(settings.policy, settings.stop_probability)
+    env = make_env(settings, policy.env_config)
+    unwrapped = env.unwrapped
+    num_rules = len(unwrapped.rule_names)
+    seed_sequence = np.random.SeedSequence([settings.seed, job.index])
+    env_seed, action_seed = seed_sequence.generate_state(2)
+    rng = np.random.default_rng(action_seed)
+    started = time.perf_counter()
+    measurements_before = unwrapped.real_measurements
+    episodes: list[EpisodeRecord] = []
+    labels = [unwrapped.model_label(index) for index in range(len(unwrapped.models))]
+    real_steps = 0
+    try:
+        for episode in range(job.episodes):
+            observation, info = env.reset(seed=int(env_seed) if episode == 0 else None)
+            model = labels.index(info["model"])
+            record = EpisodeRecord(model=model)
+            current = observation_record(observation, num_rules, model)
+            record.observations.append(current)
+            if hasattr(policy, "reset"):
+                policy.reset()
+            while True:
+                action = policy.act(observation, deterministic=False, rng=rng, env=unwrapped)
+                next_observation, reward, terminated, truncated, info = env.step(action)
+                real_steps += 1
+                following = observation_record(next_observation, num_rules, model)
+                record.steps.append(
+                    step_record(
+                        observation, action, reward, terminated, truncated, following, num_rules
+                    )
+                )
+                record.observations.append(following)
+                observation = next_observation
+                if on_step is not None:
+                    on_step(1)
+                if terminated or truncated:
+                    break
+            episodes.append(record)
+        measurements = unwrapped.real_measurements - measurements_before
+    finally:
+        env.close()
+    entry = {
+        "index": job.index,
+        "episodes": len(episodes),
+        "steps": real_steps,
+        "real_env_steps": real_steps,
+        "real_env_resets": len(episodes),
+        "real_measurements": int(measurements),
+        "mean_return": float(np.mean([e.episode_return for e in episodes])),
+        "seconds": time.perf_counter() - started,
+    }
+    write_shard(Path(job.path), episodes, {**entry, "format": SHARD_FORMAT})
+    return entry
+
+
+def _env_description(settings: CollectSettings) -> dict[str, Any]:
+    """Rule names, feature names and padded sizes of the env: a loader needs them."""
+    from envs.graph_rewrite import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_TYPES
+
+    policy = load_policy(settings.policy, settings.stop_probability)
+    env = make_env(settings, policy.env_config)
+    given = {**policy.env_config, **settings.env}  # what make_env passed besides size, cost
+    try:
+        unwrapped = env.unwrapped
+        return {
+            "rule_names": list(unwrapped.rule_names),
+            "op_types": list(OP_TYPES),
+            "node_features": list(NODE_FEATURES),
+            "edge_features": list(EDGE_FEATURES),
+            "global_features": list(GLOBAL_FEATURES),
+            "env": {
+                **{k: v for k, v in given.items() if k != "models" and _jsonable(v)},
+                "size": unwrapped.size,
+                "cost": unwrapped.cost,
+                "measure_every": unwrapped.measure_every,
+                "ort_level": unwrapped.ort_level,
+                "max_nodes": unwrapped.max_nodes,
+                "max_edges": unwrapped.max_edges,
+                "max_candidates": unwrapped.max_candidates,
+                "max_site_nodes": unwrapped.max_site_nodes,
+                "invalid_action_penalty": unwrapped.invalid_action_penalty,
+                "portable": bool(given.get("portable", False)),
+                "max_episode_steps": settings.max_episode_steps,
+            },
+        }
+    finally:
+        env.close()
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool | type(None))
+
+
+def prepare(settings: CollectSettings, out: Path) -> tuple[dict[str, Any], list[ShardJob]]:
+    """The manifest (new, or the directory's own if the settings agree) and the shards to run."""
+    if settings.episodes < 1:
+        raise RlflowError(f"--episodes must be at least 1, got {settings.episodes}")
+    if settings.episodes_per_shard < 1:
+        raise RlflowError(
+            f"episodes per shard must be at least 1, got {settings.episodes_per_shard}"
+        )
+    if not settings.models:
+        raise RlflowError("give at least one --model")
+    _check_models(settings.models)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RlflowError(f"--out {out} exists and is not a directory")
+    if (out / MANIFEST).exists():
+        manifest = read_manifest(out)
+        if manifest.get("settings") != settings.identity():
+            theirs = manifest.get("settings", {})
+            differ = sorted(
+                key
+                for key in set(theirs) | set(settings.identity())
+                if theirs.get(key) != settings.identity().get(key)
+            )
+            raise RlflowError(
+                f"{out} holds rollouts collected with other settings ({', '.join(differ)} "
+                "differ); use a new --out or the same settings"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise RlflowError(f"--out {out} is a non-empty directory without {MANIFEST}")
+    else:
+        manifest = {
+            "kind": "rollouts",
+            "format": SHARD_FORMAT,
+            "settings": settings.identity(),
+            **_env_description(settings),
+            "shards": {},
+        }
+    # A listed shard whose file has gone (deleted by hand, e.g. after it was found damaged) is
+    # no longer finished: its episodes are collected again, under a new shard.
+    for name in [name for name in manifest["shards"] if not (out / name).is_file()]:
+        del manifest["shards"][name]
+    # A shard written but not yet entered in the manifest (a run killed in between) is whole
+    # (written atomically): adopt it instead of redoing it.
+    shards: dict[str, Any] = manifest["shards"]
+    for path in sorted(out.glob("shard-*.npz")) if out.exists() else []:
+        if path.name not in shards:
+            try:
+                _, meta = read_shard(path)
+            except RlflowError:
+                continue  # damaged: it will be redone under its own name
+            shards[path.name] = {k: v for k, v in meta.items() if k != "format"}
+    done = sum(entry["episodes"] for entry in shards.values())
+    jobs: list[ShardJob] = []
+    index = max((entry["index"] for entry in shards.values()), default=-1) + 1
+    remaining = settings.episodes - done
+    while remaining > 0:
+        count = min(settings.episodes_per_shard, remaining)
+        path = out / SHARD_PATTERN.format(index=index)
+        jobs.append(ShardJob(index, count, str(path), asdict(settings)))
+        remaining -= count
+        index += 1
+    return manifest, jobs
+
+
+def _check_models(models: list[str]) -> None:
+    """Fail before anything is written when a model is neither a zoo name nor a file."""
+    from rlflow import zoo
+
+    for model in models:
+        if model in zoo.MODEL_NAMES or Path(model).is_file():
+            continue
+        raise RlflowError(
+            f"model {model!r} is neither a zoo name ({', '.join(zoo.MODEL_NAMES)}) "
+            "nor an .onnx file"
+        )
+
+
+def update_totals(manifest: dict[str, Any]) -> None:
+    shards = manifest["shards"].values()
+    manifest["totals"] = {
+        key: sum(entry[key] for entry in shards)
+        for key in ("episodes", "steps", "real_env_steps", "real_env_resets", "real_measurements")
+    }
+    manifest["totals"]["seconds"] = sum(entry["seconds"] for entry in shards)
+
+
+def collect(
+    settings: CollectSettings, out: str | Path, *, workers: int = 1, progress: bool = True
+) -> dict[str, Any]:
+    """Collect into `out` until it holds `settings.episodes` episodes; the final manifest."""
+    from tqdm import tqdm
+
+    if workers < 1:
+        raise RlflowError(f"--workers must be at least 1, got {workers}")
+    out = Path(out)
+    manifest, jobs = prepare(settings, out)
+    out.mkdir(parents=True, exist_ok=True)
+    update_totals(manifest)
+    write_manifest(out, manifest)
+    if not jobs:
+        return manifest
+    bar = tqdm(
+        desc=f"collect {','.join(settings.models)}",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+        mininterval=0.5,
+    )
+
+    def finished(entry: dict[str, Any]) -> None:
+        manifest["shards"][SHARD_PATTERN.format(index=entry["index"])] = entry
+        update_totals(manifest)
+        write_manifest(out, manifest)
+        bar.set_postfix_str(f"{manifest['totals']['episodes']}/{settings.episodes} episodes")
+
+    try:
+        if workers == 1:
+            for job in jobs:
+                finished(run_shard(job, on_step=bar.update))
+        else:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+                futures = [pool.submit(run_shard, job) for job in jobs]
+                for future in as_completed(futures):
+                    entry = future.result()
+                    bar.update(entry["steps"])
+                    finished(entry)
+    finally:
+        bar.close()
+    return manifest

@@ -1,0 +1,248 @@
+"""The dream: graph rewriting as the world model imagines it, with no real env anywhere.
+
+`DreamBatch` runs many dream episodes at once (a controller's training loop); `DreamEnv` is
+the same dynamics as a one-episode gymnasium env (`gymnasium.utils.env_checker.check_env`
+passes). A dream starts from the VAE posterior of a real initial graph of the collected data
+(its latent distribution and its recorded rule applicability, stored by train-wm); after that
+the MDN-RNN predicts everything: the next latent (sampled at temperature tau), the reward,
+the done flag and the next action mask. Nothing here imports or steps GraphRewrite-v0 --
+RLFlow's code stepped the real env for masks; this one does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from rlflow.errors import RlflowError
+from worldmodel.mdnrnn import sample_latent
+from worldmodel.model import WorldModel
+
+MASK_THRESHOLD = 0.5
+"""A rule counts as applicable in the dream when M gives it at least this probability."""
+
+
+class DreamBatch:
+    """`groups * episodes` dream episodes stepped together.
+
+    Episode e of every group sees the same random draws (start graph, latent noise, done
+    draws): comparing controllers, one per group, on common random numbers.
+
+    Actions are dream actions: 0..A-2 the world model's active rules (`active_rules`), A-1
+    stop. An action whose mask entry is 0 is a no-op, fed to M as such (as the real env's
+    masked action). An episode ends (terminated) on stop, when M's done flag is drawn, or when
+    M predicts no active rule applicable; it is truncated after `max_steps` steps.
+    """
+
+    def __init__(
+        self,
+        world: WorldModel,
+        *,
+        episodes: int,
+        groups: int = 1,
+        temperature: float = 1.0,
+        max_steps: int = 50,
+        rng: np.random.Generator,
+        starts: np.ndarray | None = None,
+    ) -> None:
+        if episodes < 1 or groups < 1 or max_steps < 1:
+            raise RlflowError("dream episodes, groups and max_steps must be at least 1")
+        self.world, self.episodes, self.groups = world, episodes, groups
+        self.temperature, self.max_steps, self.rng = temperature, max_steps, rng
+        count = len(world.start["mu"])
+        self.starts = np.arange(count) if starts is None else np.asarray(starts)
+        if not len(self.starts):
+            raise RlflowError("the world model has no initial graph to dream from")
+        self.size = episodes * groups
+        self.z = torch.zeros(self.size, world.latent)
+        self.state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.mask = np.ones((self.size, world.num_actions), dtype=bool)
+        self.steps = 0
+
+    def _shared(self, draw: np.ndarray) -> np.ndarray:
+        """Draws made per episode, repeated for every group."""
+        return np.tile(draw, (self.groups,) + (1,) * (draw.ndim - 1))
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        if self.state is None:
+            return torch.zeros(self.size, self.world.hidden)
+        return self.state[0][0]
+
+    def observation(self) -> np.ndarray:
+        """(n, Z + H) float32: the controller's input [z, h]."""
+        return torch.cat([self.z, self.hidden], dim=1).numpy().astype(np.float32)
+
+    def reset(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start every episode; returns the observation (n, Z + H) and mask (n, A)."""
+        start = self.world.start
+        chosen = self._shared(self.starts[self.rng.integers(len(self.starts), size=self.episodes)])
+        noise = self._shared(self.rng.standard_normal((self.episodes, self.world.latent)))
+        z = start["mu"][chosen] + np.exp(start["logsigma"][chosen]) * noise
+        self.z = torch.as_tensor(z, dtype=torch.float32)
+        self.state = None
+        applicable = start["applicable"][chosen][:, self.world.active_rules]
+        self.mask = np.concatenate([applicable, np.ones((self.size, 1), bool)], axis=1)
+        self.steps = 0
+        return self.observation(), self.mask.copy()
+
+    @torch.no_grad()
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step all episodes; (observation, reward, terminated, truncated, mask), each (n, ...).
+
+        Episodes that ended earlier are stepped too (the caller ignores them): keeping the
+        batch whole keeps it one LSTM call.
+        """
+        actions = np.asarray(actions, dtype=np.int64).reshape(self.size)
+        world = self.world
+        stop = actions == world.num_actions - 1
+        valid = self.mask[np.arange(self.size), np.clip(actions, 0, world.num_actions - 1)]
+        rules = np.where(valid, world.action_rules(actions), -1)
+        rnn = world.rnn
+        output, self.state = rnn(
+            self.z.unsqueeze(1), torch.as_tensor(rules).unsqueeze(1), self.state
+        )
+        latent = world.latent
+        uniform = self._shared(self.rng.random((self.episodes, latent)))
+        normal = self._shared(self.rng.standard_normal((self.episodes, latent)))
+        step = _squeeze_time(output)
+        self.z = sample_latent(step, self.temperature, uniform, normal).float()
+        reward = step.reward.numpy().astype(np.float64)
+        done_draw = self._shared(self.rng.random(self.episodes))
+        done = done_draw < torch.sigmoid(step.done_logit).numpy()
+        applicable = torch.sigmoid(step.mask_logits[:, world.active_rules]).numpy()
+        applicable = applicable >= MASK_THRESHOLD
+        self.mask = np.concatenate([applicable, np.ones((self.size, 1), bool)], axis=1)
+        self.steps += 1
+        terminated = stop & valid | done | ~applicable.any(axis=1)
+        truncated = ~terminated & (self.steps >= self.max_steps)
+        return self.observation(), reward, terminated, truncated, self.mask.copy()
+
+
+def _squeeze_time(output: Any) -> Any:
+    """An MDNOutput of one time step, without the time axis."""
+    return type(output)(**{key: value[:, 0] for key, value in vars(output).items()})
+
+
+class DreamEnv(gym.Env):
+    """Rewrite a graph inside the world model: the controller's training ground.
+
+    ## Action Space
+
+    `Discrete(A)`: actions 0..A-2 apply one of the world model's active rules (`rule_names`,
+    the rules that had a candidate somewhere in the collected data), A-1 stops. Which site a
+    rule is applied at does not exist in the dream (see worldmodel.controller).
+
+    ## Observation Space
+
+    A `Dict`: `latent` (Z + H,) float32, the controller's input [z_t, h_t] (the VAE latent
+    and the MDN-RNN's hidden state), and `action_mask` (A,) int8, the rules M predicts
+    applicable (probability >= 0.5) plus stop. The mask is also in `info["action_mask"]`.
+
+    ## Rewards
+
+    M's predicted reward, which was trained on the real env's r_t = 100 (C_{t-1} - C_t) / C_0.
+
+    ## Starting State
+
+    The VAE posterior of a real initial graph of the collected data, drawn with
+    `self.np_random`, and that graph's recorded rule applicability.
+
+    ## Episode End
+
+    Terminated on stop, when M's done flag is drawn (probability sigmoid of its logit), or
+    when M predicts no rule applicable; truncated after `max_steps`. A masked action is a
+    no-op step, fed to M as such.
+
+    ## Arguments
+
+    - `world`: a `WorldModel` (`WorldModel.load(run_dir)`).
+    - `temperature`: tau of the next-latent mixture (default 1.0).
+    - `max_steps`: truncation (default: the data's `max_episode_steps`, else 50).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        world: WorldModel,
+        *,
+        temperature: float = 1.0,
+        max_steps: int | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if temperature <= 0:
+            raise RlflowError(f"temperature must be positive, got {temperature}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise RlflowError(f"unknown render mode {render_mode!r}; choose None or 'ansi'")
+        self.world, self.temperature, self.render_mode = world, temperature, render_mode
+        self.max_steps = max_steps or int(world.meta["env"].get("max_episode_steps", 50))
+        self.rule_names = [world.rule_names[rule] for rule in world.active_rules]
+        size = world.latent + world.hidden
+        self.action_space = spaces.Discrete(world.num_actions)
+        self.observation_space = spaces.Dict(
+            {
+                "latent": spaces.Box(-np.inf, np.inf, (size,), dtype=np.float32),
+                "action_mask": spaces.MultiBinary(world.num_actions),
+            }
+        )
+        self._batch: DreamBatch | None = None
+        self._return = 0.0
+
+    def _observation(self, latent: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+        return {"latent": latent[0], "action_mask": mask[0].astype(np.int8)}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._batch = DreamBatch(
+            self.world,
+            episodes=1,
+            temperature=self.temperature,
+            max_steps=self.max_steps,
+            rng=self.np_random,
+        )
+        latent, mask = self._batch.reset()
+        self._return = 0.0
+        return self._observation(latent, mask), {"action_mask": mask[0].astype(np.int8), "step": 0}
+
+    def step(
+        self, action: int | np.integer
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if self._batch is None:
+            raise RlflowError("call reset() before step()")
+        if not self.action_space.contains(action):
+            raise RlflowError(f"action {action!r} is outside Discrete({self.action_space.n})")
+        valid = bool(self._batch.mask[0, int(action)])
+        latent, reward, terminated, truncated, mask = self._batch.step(np.array([int(action)]))
+        self._return += float(reward[0])
+        rule = self.rule_names[int(action)] if int(action) < len(self.rule_names) else None
+        info = {
+            "action_mask": mask[0].astype(np.int8),
+            "step": self._batch.steps,
+            "rule": rule,
+            "invalid_action": not valid,
+        }
+        return (
+            self._observation(latent, mask),
+            float(reward[0]),
+            bool(terminated[0]),
+            bool(truncated[0]),
+            info,
+        )
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self._batch is None:
+            return None
+        offered = [n for n, ok in zip(self.rule_names, self._batch.mask[0]) if ok]
+        return (
+            f"dream step {self._batch.steps} (tau {self.temperature}), return "
+            f"{self._return:.3f}, applicable: {', '.join(offered) or 'none'}"
+        )

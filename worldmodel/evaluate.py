@@ -1,0 +1,222 @@
+"""`train-controller --eval-real`: the dream controllers in the real env, measured end to end.
+
+For every temperature's controller and every model: one deterministic real episode (the
+return is the env's, 100 (C_0 - C_T) / C_0 in its cost source), then the final graph timed
+against the original in one interleaved onnxruntime run (`Runner.compare`, the search
+baselines' way) for the real measured speedup; the dream return of the same controller at the
+same tau gives the dream-vs-real gap (World Models' temperature table). RLFlow's random agent
+gives the baseline return. Real env steps and real measurements are counted throughout.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlflow.errors import RlflowError
+from worldmodel.collect import CollectSettings, RandomPolicy, make_env
+from worldmodel.controller import (
+    CONTROLLER_CHECKPOINT,
+    ControllerSettings,
+    dream_returns,
+    geometric_mean,
+    policy_from_checkpoint,
+    tau_dir,
+)
+from worldmodel.model import WorldModel
+
+
+def real_env(world: WorldModel, model: str) -> Any:
+    """GraphRewrite-v0 on one model, with the settings of the world model's data."""
+    env = dict(world.meta["env"])
+    settings = CollectSettings(
+        models=[model],
+        size=env.pop("size", "small"),
+        cost=env.pop("cost", "analytic"),
+        max_episode_steps=int(env.pop("max_episode_steps", 50)),
+        env=env,
+    )
+    return make_env(settings)
+
+
+def run_episode(env: Any, policy: Any, *, seed: int, deterministic: bool) -> dict[str, Any]:
+    """One real episode; its return, steps, rules and the env's final graph."""
+    rng = np.random.default_rng(seed)
+    observation, info = env.reset(seed=seed)
+    if hasattr(policy, "reset"):
+        policy.reset()
+    total, steps, rules = 0.0, 0, []
+    while True:
+        action = policy.act(observation, deterministic=deterministic, rng=rng, env=env.unwrapped)
+        observation, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        steps += 1
+        if info.get("rule"):
+            rules.append(info["rule"])
+        if terminated or truncated:
+            break
+    unwrapped = env.unwrapped
+    return {
+        "return": float(total),
+        "steps": steps,
+        "rules": rules,
+        "graph": unwrapped.current_graph(),
+        "original": unwrapped.session.original,
+        "env_speedup": float(info["speedup"]),
+    }
+
+
+def evaluate_real(
+    run_dir: str | Path,
+    world: WorldModel,
+    settings: ControllerSettings,
+    models: Sequence[str],
+    *,
+    random_episodes: int = 8,
+    seed: int = 0,
+    measure: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The temperature table: per tau, dream return, real return, gap and measured speedup."""
+    from tqdm import tqdm
+
+    from rlflow.cost import OrtSettings, Runner
+
+    if not models:
+        raise RlflowError("give at least one model to evaluate on")
+    run_dir = Path(run_dir)
+    ort_level = str(world.meta["env"].get("ort_level", "all"))
+    runner = Runner(OrtSettings(threads=1, ort_level=ort_level)) if measure else None
+    policies = {
+        tau: policy_from_checkpoint(world, tau_dir(run_dir, tau) / CONTROLLER_CHECKPOINT)
+        for tau in settings.temperatures
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    per_model: list[dict[str, Any]] = []
+    real_steps = 0
+    env_measurements = 0
+    random_returns: dict[str, float] = {}
+    total = len(models) * (len(policies) + random_episodes)
+    bar = tqdm(total=total, desc="eval-real", unit="ep", file=sys.stderr, disable=not progress)
+    starts_by_model = _starts_by_model(world, models)
+    for model in models:
+        env = real_env(world, model)
+        try:
+            returns = []
+            random_policy = RandomPolicy()
+            for episode in range(random_episodes):
+                result = run_episode(env, random_policy, seed=seed + episode, deterministic=False)
+                returns.append(result["return"])
+                real_steps += result["steps"]
+                bar.update(1)
+            random_returns[model] = float(np.mean(returns)) if returns else float("nan")
+            for tau, policy in policies.items():
+                result = run_episode(env, policy, seed=seed, deterministic=True)
+                real_steps += result["steps"]
+                speedup, original_ms, optimized_ms = None, None, None
+                if runner is not None:
+                    graphs = [result["original"], result["graph"]]
+                    comparison = runner.compare(graphs)
+                    speedup = comparison.speedups[1]
+                    original_ms = comparison.measurements[0].min_ms
+                    optimized_ms = comparison.measurements[1].min_ms
+                rng = np.random.default_rng([seed, int(tau * 1000)])
+                dream = float(
+                    dream_returns(
+                        world,
+                        policy.controller.params[None],
+                        episodes=settings.eval_dream_episodes,
+                        temperature=tau,
+                        max_steps=settings.max_steps,
+                        rng=rng,
+                        starts=starts_by_model.get(model),
+                    )[0]
+                )
+                per_model.append(
+                    {
+                        "model": model,
+                        "temperature": tau,
+                        "dream_return": dream,
+                        "real_return": result["return"],
+                        "gap": dream - result["return"],
+                        "speedup": speedup,
+                        "env_speedup": result["env_speedup"],
+                        "original_ms": original_ms,
+                        "optimized_ms": optimized_ms,
+                        "steps": result["steps"],
+                        "rules_applied": _count(result["rules"]),
+                        "random_return": random_returns[model],
+                    }
+                )
+                bar.update(1)
+            env_measurements += env.unwrapped.real_measurements
+        finally:
+            env.close()
+    bar.close()
+    for tau in policies:
+        entries = [entry for entry in per_model if entry["temperature"] == tau]
+        dream = float(np.mean([entry["dream_return"] for entry in entries]))
+        real = float(np.mean([entry["real_return"] for entry in entries]))
+        rows[f"{tau:g}"] = {
+            "temperature": tau,
+            "dream_return": dream,
+            "real_return": real,
+            "gap": dream - real,
+            "speedup": (
+                geometric_mean([entry["speedup"] for entry in entries]) if measure else None
+            ),
+            "random_return": float(np.mean(list(random_returns.values()))),
+        }
+    measurements = env_measurements + (runner.sessions_built if runner is not None else 0)
+    return {
+        "temperatures": rows,
+        "per_model": per_model,
+        "random_returns": random_returns,
+        "real_env_steps": real_steps,
+        "real_measurements": measurements,
+        "measured": measure,
+        "ort_level": ort_level,
+        "threads": 1,
+    }
+
+
+def _starts_by_model(world: WorldModel, models: Sequence[str]) -> dict[str, np.ndarray]:
+    """Dream starts of each evaluated model that the data has (else: all starts)."""
+    known = list(world.meta.get("models", []))
+    starts = {}
+    for model in models:
+        if model in known:
+            indices = np.flatnonzero(world.start["model"] == known.index(model))
+            if len(indices):
+                starts[model] = indices
+    return starts
+
+
+def _count(rules: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rule in rules:
+        counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+def temperature_table(report: dict[str, Any]) -> str:
+    """The World Models tau table as text."""
+    lines = [
+        f"{'tau':>6} {'dream return':>13} {'real return':>12} {'gap':>8} "
+        f"{'speedup':>8} {'random':>8}"
+    ]
+    for row in report["temperatures"].values():
+        speedup = f"{row['speedup']:>7.3f}x" if row["speedup"] is not None else f"{'-':>8}"
+        lines.append(
+            f"{row['temperature']:>6g} {row['dream_return']:>13.3f} {row['real_return']:>12.3f} "
+            f"{row['gap']:>8.3f} {speedup} {row['random_return']:>8.3f}"
+        )
+    lines.append(
+        "returns: 100 (C_0 - C_T) / C_0 in the env's cost; speedup: measured end to end, "
+        f"original vs final graph interleaved (ort-level {report['ort_level']}, 1 thread)"
+    )
+    return "\n".join(lines)

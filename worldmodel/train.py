@@ -1,0 +1,536 @@
+"""`rlflow train-wm`: fit V (the graph VAE), then M (the MDN-RNN) on collected rollouts.
+
+Both stages checkpoint after every epoch (atomically) and a rerun resumes from the last one;
+a finished stage is skipped. Epoch e draws its randomness from (seed, stage, e), so a resumed
+run trains exactly as an uninterrupted one. Scalars go to TensorBoard under RUN_DIR:
+`wm/recon`, `wm/kl` (VAE), `wm/mdn_nll`, `wm/reward_mse`, `wm/done_bce`, `wm/mask_bce`
+(MDN-RNN), each also as `wm/val_*` on the held-out episodes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import Batch
+
+from rlflow.cost.cache import write_json_atomic
+from rlflow.errors import RlflowError
+from rlflow.nn import graph_to_data
+from worldmodel.data import RolloutData
+from worldmodel.mdnrnn import MDNRNN, mdnrnn_losses
+from worldmodel.model import (
+    DREAM_START,
+    LATENTS,
+    MDNRNN_CHECKPOINT,
+    PROGRESS,
+    VAE_CHECKPOINT,
+    WorldModel,
+    load_checkpoint,
+    load_npz,
+    save_checkpoint,
+    save_npz,
+)
+from worldmodel.vae import GraphVAE, vae_losses
+
+
+@dataclass
+class WorldModelSettings:
+    """Hyperparameters of `rlflow train-wm` (mirrored by configs/worldmodel.yaml, train_wm)."""
+
+    latent: int = 32
+    """Size of z (World Models: 32)."""
+    encoder_hidden: int = 64
+    """GraphEncoder embedding size."""
+    encoder_layers: int = 3
+    """GraphEncoder GATv2 layers."""
+    encoder_heads: int = 4
+    """GraphEncoder attention heads."""
+    decoder_hidden: int = 128
+    """Width of the VAE decoder."""
+    beta: float = 1.0
+    """Weight of the KL term."""
+    kl_tolerance: float = 0.5
+    """Free nats per latent dimension before the KL term counts (World Models: 0.5)."""
+    vae_epochs: int = 30
+    """Passes over the training observations."""
+    vae_batch: int = 64
+    """Graphs per VAE minibatch."""
+    vae_lr: float = 1e-3
+    """Adam learning rate of the VAE."""
+    rnn_hidden: int = 256
+    """LSTM size of the MDN-RNN (World Models: 256)."""
+    mixtures: int = 8
+    """Gaussians per latent dimension (World Models: 5; RLFlow: 8)."""
+    action_embedding: int = 32
+    """Size of the learned rule embedding fed to the LSTM."""
+    rnn_epochs: int = 40
+    """Passes over the training episodes."""
+    rnn_batch: int = 16
+    """Episodes per MDN-RNN minibatch."""
+    rnn_lr: float = 1e-3
+    """Adam learning rate of the MDN-RNN."""
+    grad_clip: float = 10.0
+    """Gradient-norm clip of both stages."""
+    holdout: float = 0.1
+    """Fraction of episodes held out for the wm/val_* scalars."""
+    seed: int = 0
+    """Seed of the split, the initialisations and the minibatch order."""
+
+    def identity(self) -> dict[str, Any]:
+        """What a rerun into the same RUN_DIR must keep (epochs may grow)."""
+        identity = asdict(self)
+        identity.pop("vae_epochs")
+        identity.pop("rnn_epochs")
+        return identity
+
+
+class Logger:
+    """TensorBoard scalars under RUN_DIR, opened lazily (tests can pass log=False)."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.run_dir, self.enabled, self._writer = run_dir, enabled, None
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if not self.enabled:
+            return
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.run_dir))
+        self._writer.add_scalar(tag, float(value), step)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _generator(seed: int, stage: int, epoch: int) -> tuple[np.random.Generator, int]:
+    sequence = np.random.SeedSequence([seed, stage, epoch])
+    numpy_seed, torch_seed = sequence.generate_state(2)
+    return np.random.default_rng(numpy_seed), int(torch_seed)
+
+
+def episode_observations(data: RolloutData, episodes: np.ndarray) -> np.ndarray:
+    """Observation indices of the given episodes (all T + 1 of each)."""
+    steps = data.arrays["episode_steps"]
+    return (
+        np.concatenate(
+            [np.arange(data.obs_start[e], data.obs_start[e] + steps[e] + 1) for e in episodes]
+        )
+        if len(episodes)
+        else np.zeros(0, dtype=np.int64)
+    )
+
+
+def vae_kwargs(data: RolloutData, settings: WorldModelSettings) -> dict[str, Any]:
+    manifest = data.manifest
+    return {
+        "num_rules": data.num_rules,
+        "summary_dim": 2 * (len(manifest["op_types"]) + 1) + len(manifest["global_features"]),
+        "node_dim": len(manifest["node_features"]),
+        "edge_dim": len(manifest["edge_features"]),
+        "global_dim": len(manifest["global_features"]),
+        "latent": settings.latent,
+        "hidden": settings.encoder_hidden,
+        "layers": settings.encoder_layers,
+        "heads": settings.encoder_heads,
+        "decoder_hidden": settings.decoder_hidden,
+    }
+
+
+def rnn_kwargs(data: RolloutData, settings: WorldModelSettings) -> dict[str, Any]:
+    return {
+        "latent": settings.latent,
+        "num_rules": data.num_rules,
+        "hidden": settings.rnn_hidden,
+        "mixtures": settings.mixtures,
+        "action_embedding": settings.action_embedding,
+    }
+
+
+SUMMARY_STD_FLOOR = 0.05
+"""Summary features varying less than this over the data are scaled by it instead of by their
+standard deviation: near-constant features must not turn into amplified noise."""
+
+
+def standardized_summaries(
+    data: RolloutData, reference: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The VAE's targets: graph summaries standardized by their mean and standard deviation
+    over the `reference` observations (the training split), so that every feature weighs alike
+    in the squared error: consecutive graphs differ by one rewrite, a tiny change in raw terms.
+    Returns (standardized (O, S), mean (S,), scale (S,)): decoded * scale + mean is a summary."""
+    summaries = data.summaries()
+    rows = summaries[reference] if len(reference) else summaries
+    mean, scale = rows.mean(axis=0), np.maximum(rows.std(axis=0), SUMMARY_STD_FLOOR)
+    return ((summaries - mean) / scale).astype(np.float32), mean, scale
+
+
+# ---- V ----------------------------------------------------------------------------------------
+
+
+def _vae_pass(
+    vae: GraphVAE,
+    graphs: list[Any],
+    summaries: torch.Tensor,
+    applicable: torch.Tensor,
+    indices: np.ndarray,
+    settings: WorldModelSettings,
+    optimizer: torch.optim.Optimizer | None,
+) -> dict[str, float]:
+    totals = {"recon": 0.0, "kl": 0.0}
+    for start in range(0, len(indices), settings.vae_batch):
+        chunk = indices[start : start + settings.vae_batch]
+        batch = Batch.from_data_list([graphs[i] for i in chunk])
+        if optimizer is None:
+            with torch.no_grad():
+                losses = vae_losses(vae(batch, sample=False), summaries[chunk], applicable[chunk])
+        else:
+            losses = vae_losses(
+                vae(batch),
+                summaries[chunk],
+                applicable[chunk],
+                settings.beta,
+                settings.kl_tolerance,
+            )
+            optimizer.zero_grad()
+            losses["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(vae.parameters(), settings.grad_clip)
+            optimizer.step()
+        for key in totals:
+            totals[key] += losses[key].item() * len(chunk)
+    return {key: value / max(len(indices), 1) for key, value in totals.items()}
+
+
+def train_vae(
+    data: RolloutData,
+    run_dir: Path,
+    settings: WorldModelSettings,
+    train_episodes: np.ndarray,
+    val_episodes: np.ndarray,
+    logger: Logger,
+    progress: bool = True,
+) -> GraphVAE:
+    """Train (or resume) V; a finished checkpoint is loaded as is."""
+    from tqdm import tqdm
+
+    path = run_dir / VAE_CHECKPOINT
+    kwargs = vae_kwargs(data, settings)
+    torch.manual_seed(settings.seed)
+    vae = GraphVAE(**kwargs)
+    optimizer = torch.optim.Adam(vae.parameters(), lr=settings.vae_lr)
+    epoch = 0
+    if path.exists():
+        checkpoint = load_checkpoint(path, "VAE checkpoint")
+        vae.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        epoch = int(checkpoint["epoch"])
+    if epoch >= settings.vae_epochs:
+        return vae.eval()
+
+    graphs = [graph_to_data(data.graph(i)) for i in range(data.num_observations)]
+    train_obs = episode_observations(data, train_episodes)
+    val_obs = episode_observations(data, val_episodes)
+    standardized, summary_mean, summary_scale = standardized_summaries(data, train_obs)
+    summaries = torch.as_tensor(standardized)
+    applicable = torch.as_tensor(data.arrays["rule_applicable"])
+    bar = tqdm(
+        total=settings.vae_epochs,
+        initial=epoch,
+        desc="train-wm V (graph VAE)",
+        unit="epoch",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    while epoch < settings.vae_epochs:
+        rng, torch_seed = _generator(settings.seed, 1, epoch)
+        torch.manual_seed(torch_seed)
+        vae.train()
+        train = _vae_pass(
+            vae, graphs, summaries, applicable, rng.permutation(train_obs), settings, optimizer
+        )
+        vae.eval()
+        val = _vae_pass(vae, graphs, summaries, applicable, val_obs, settings, None)
+        epoch += 1
+        logger.scalar("wm/recon", train["recon"], epoch)
+        logger.scalar("wm/kl", train["kl"], epoch)
+        if len(val_obs):
+            logger.scalar("wm/val_recon", val["recon"], epoch)
+            logger.scalar("wm/val_kl", val["kl"], epoch)
+        save_checkpoint(
+            path,
+            {
+                "epoch": epoch,
+                "finished": epoch >= settings.vae_epochs,
+                "kwargs": kwargs,
+                "model": vae.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "train": train,
+                "val": val,
+                "summary_mean": torch.as_tensor(summary_mean),
+                "summary_scale": torch.as_tensor(summary_scale),
+            },
+        )
+        bar.update(1)
+        bar.set_postfix_str(f"recon {train['recon']:.3f} kl {train['kl']:.2f}")
+    bar.close()
+    return vae.eval()
+
+
+@torch.no_grad()
+def encode_all(vae: GraphVAE, data: RolloutData, batch_size: int = 256) -> tuple[np.ndarray, ...]:
+    """mu and log sigma (O, Z) of every observation."""
+    vae.eval()
+    mus, logsigmas = [], []
+    for start in range(0, data.num_observations, batch_size):
+        indices = range(start, min(start + batch_size, data.num_observations))
+        batch = Batch.from_data_list([graph_to_data(data.graph(i)) for i in indices])
+        mu, logsigma = vae.encode(batch)
+        mus.append(mu.numpy())
+        logsigmas.append(logsigma.numpy())
+    return np.concatenate(mus), np.concatenate(logsigmas)
+
+
+# ---- M ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sequences:
+    """Episodes as padded (B, T) tensors for the MDN-RNN."""
+
+    obs: np.ndarray  # (B, T + 1) observation indices (the last padded ones repeat)
+    steps: np.ndarray  # (B, T) step indices
+    valid: np.ndarray  # (B, T) bool
+
+
+def episode_sequences(data: RolloutData, episodes: Sequence[int]) -> Sequences:
+    lengths = data.arrays["episode_steps"][list(episodes)]
+    horizon = int(lengths.max()) if len(lengths) else 1
+    obs = np.zeros((len(lengths), horizon + 1), dtype=np.int64)
+    steps = np.zeros((len(lengths), horizon), dtype=np.int64)
+    valid = np.zeros((len(lengths), horizon), dtype=bool)
+    for row, (episode, length) in enumerate(zip(episodes, lengths)):
+        t = np.arange(horizon + 1)
+        obs[row] = data.obs_start[episode] + np.minimum(t, length)
+        steps[row] = data.step_start[episode] + np.minimum(t[:-1], length - 1)
+        valid[row, :length] = True
+    return Sequences(obs, steps, valid)
+
+
+def rnn_batch_losses(
+    rnn: MDNRNN, data: RolloutData, sequences: Sequences, latents: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """The MDN-RNN losses of a batch of sequences, given one latent per observation."""
+    z = torch.as_tensor(latents[sequences.obs], dtype=torch.float32)  # (B, T + 1, Z)
+    arrays = data.arrays
+    actions = torch.as_tensor(arrays["action_rule"][sequences.steps], dtype=torch.long)
+    output, _ = rnn(z[:, :-1], actions)
+    return mdnrnn_losses(
+        output,
+        next_z=z[:, 1:],
+        reward=torch.as_tensor(arrays["reward"][sequences.steps], dtype=torch.float32),
+        done=torch.as_tensor(arrays["terminated"][sequences.steps]),
+        next_applicable=torch.as_tensor(arrays["next_rule_applicable"][sequences.steps]),
+        valid=torch.as_tensor(sequences.valid),
+        stopped=actions == rnn.stop_action,
+    )
+
+
+RNN_SCALARS = ("mdn_nll", "reward_mse", "done_bce", "mask_bce")
+
+
+@torch.no_grad()
+def evaluate_rnn(
+    rnn: MDNRNN, data: RolloutData, episodes: np.ndarray, mu: np.ndarray
+) -> dict[str, float]:
+    """Mean per-step losses on `episodes` with z = mu (no sampling): e.g. held-out NLL."""
+    if not len(episodes):
+        return {key: float("nan") for key in RNN_SCALARS}
+    rnn.eval()
+    sequences = episode_sequences(data, episodes)
+    losses = rnn_batch_losses(rnn, data, sequences, mu)
+    return {key: float(losses[key]) for key in RNN_SCALARS}
+
+
+def train_rnn(
+    data: RolloutData,
+    run_dir: Path,
+    settings: WorldModelSettings,
+    train_episodes: np.ndarray,
+    val_episodes: np.ndarray,
+    mu: np.ndarray,
+    logsigma: np.ndarray,
+    logger: Logger,
+    meta: dict[str, Any],
+    vae_epoch: int,
+    progress: bool = True,
+) -> MDNRNN:
+    """Train (or resume) M on sequences of latents sampled from V's posterior each epoch."""
+    from tqdm import tqdm
+
+    path = run_dir / MDNRNN_CHECKPOINT
+    kwargs = rnn_kwargs(data, settings)
+    torch.manual_seed(settings.seed + 1)
+    rnn = MDNRNN(**kwargs)
+    optimizer = torch.optim.Adam(rnn.parameters(), lr=settings.rnn_lr)
+    epoch = 0
+    checkpoint = load_checkpoint(path, "MDN-RNN checkpoint") if path.exists() else None
+    # An M trained on the latents of an earlier V (more VAE epochs asked since) starts over.
+    if checkpoint is not None and checkpoint.get("vae_epoch") == vae_epoch:
+        rnn.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        epoch = int(checkpoint["epoch"])
+    bar = tqdm(
+        total=settings.rnn_epochs,
+        initial=min(epoch, settings.rnn_epochs),
+        desc="train-wm M (MDN-RNN)",
+        unit="epoch",
+        file=sys.stderr,
+        disable=not progress,
+    )
+    sigma = np.exp(logsigma)
+    finished = epoch >= settings.rnn_epochs
+    while not finished:
+        rng, torch_seed = _generator(settings.seed, 2, epoch)
+        torch.manual_seed(torch_seed)
+        latents = (mu + sigma * rng.standard_normal(mu.shape)).astype(np.float32)
+        order = rng.permutation(train_episodes)
+        rnn.train()
+        totals = dict.fromkeys(RNN_SCALARS, 0.0)
+        count = 0
+        for start in range(0, len(order), settings.rnn_batch):
+            chunk = order[start : start + settings.rnn_batch]
+            sequences = episode_sequences(data, chunk)
+            losses = rnn_batch_losses(rnn, data, sequences, latents)
+            optimizer.zero_grad()
+            losses["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(rnn.parameters(), settings.grad_clip)
+            optimizer.step()
+            weight = int(sequences.valid.sum())
+            count += weight
+            for key in RNN_SCALARS:
+                totals[key] += losses[key].item() * weight
+        train = {key: value / max(count, 1) for key, value in totals.items()}
+        val = evaluate_rnn(rnn, data, val_episodes, mu)
+        epoch += 1
+        finished = epoch >= settings.rnn_epochs
+        for key in RNN_SCALARS:
+            logger.scalar(f"wm/{key}", train[key], epoch)
+            if len(val_episodes):
+                logger.scalar(f"wm/val_{key}", val[key], epoch)
+        save_checkpoint(
+            path,
+            {
+                "epoch": epoch,
+                "finished": finished,
+                "kwargs": kwargs,
+                "model": rnn.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "train": train,
+                "val": val,
+                "meta": meta,
+                "vae_epoch": vae_epoch,
+            },
+        )
+        bar.update(1)
+        bar.set_postfix_str(f"nll {train['mdn_nll']:.2f} reward {train['reward_mse']:.3f}")
+    bar.close()
+    return rnn.eval()
+
+
+# ---- the whole of train-wm ----------------------------------------------------------------------
+
+
+def train_world_model(
+    data_dir: str | Path,
+    run_dir: str | Path,
+    settings: WorldModelSettings,
+    *,
+    progress: bool = True,
+    log: bool = True,
+) -> dict[str, Any]:
+    """V, then the latents of every observation, then M; returns the run's summary."""
+    run_dir = Path(run_dir)
+    data = RolloutData.load(data_dir)
+    if data.num_episodes < 2:
+        raise RlflowError(
+            f"{data_dir} holds {data.num_episodes} episode; the world model needs at least 2 "
+            "(one is held out)"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    train_episodes, val_episodes = data.episodes_split(settings.holdout, settings.seed)
+    logger = Logger(run_dir, enabled=log)
+    try:
+        vae = train_vae(data, run_dir, settings, train_episodes, val_episodes, logger, progress)
+        latents_path = run_dir / LATENTS
+        vae_epoch = int(load_checkpoint(run_dir / VAE_CHECKPOINT)["epoch"])
+        latents = load_npz(latents_path, "latents") if latents_path.exists() else {}
+        if int(latents.get("vae_epoch", -1)) != vae_epoch:
+            mu, logsigma = encode_all(vae, data)
+            save_npz(latents_path, mu=mu, logsigma=logsigma, vae_epoch=np.array(vae_epoch))
+        else:
+            mu, logsigma = latents["mu"], latents["logsigma"]
+
+        applicable = data.arrays["rule_applicable"]
+        active = np.flatnonzero(applicable.any(axis=0))
+        initial = data.obs_start
+        save_npz(
+            run_dir / DREAM_START,
+            mu=mu[initial],
+            logsigma=logsigma[initial],
+            applicable=applicable[initial],
+            model=data.arrays["episode_model"].astype(np.int64),
+        )
+        totals = data.manifest.get("totals", {})
+        meta = {
+            "rule_names": data.rule_names,
+            "active_rules": [int(rule) for rule in active],
+            "models": list(data.manifest["settings"]["models"]),
+            "env": dict(data.manifest["env"]),
+            "data": str(Path(data_dir).resolve()),
+            "collect_totals": dict(totals),
+            "vae_kwargs": vae_kwargs(data, settings),
+            "rnn_kwargs": rnn_kwargs(data, settings),
+        }
+        rnn = train_rnn(
+            data,
+            run_dir,
+            settings,
+            train_episodes,
+            val_episodes,
+            mu,
+            logsigma,
+            logger,
+            meta,
+            vae_epoch,
+            progress,
+        )
+        val = evaluate_rnn(rnn, data, val_episodes, mu)
+        summary = {
+            "run_dir": str(run_dir),
+            "episodes": data.num_episodes,
+            "observations": data.num_observations,
+            "train_episodes": len(train_episodes),
+            "val_episodes": len(val_episodes),
+            "active_rules": len(active),
+            "real_env_steps": int(totals.get("real_env_steps", 0)),
+            "real_measurements": int(totals.get("real_measurements", 0)),
+            "vae": load_checkpoint(run_dir / VAE_CHECKPOINT)["val"],
+            "mdnrnn_val": val,
+        }
+        write_json_atomic(run_dir / PROGRESS, summary)
+        return summary
+    finally:
+        logger.close()
+
+
+def load_world_model(run_dir: str | Path) -> WorldModel:
+    """The world model of a finished train-wm run (`WorldModel.load`)."""
+    return WorldModel.load(run_dir)
