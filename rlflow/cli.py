@@ -13,7 +13,19 @@ from rlflow import __version__
 from rlflow.errors import RlflowError
 
 # Command modules, in the order `rlflow --help` lists them.
-COMMANDS = ("zoo_cmd", "inspect", "measure", "rules_cmd", "search")
+COMMANDS = (
+    "zoo_cmd",
+    "inspect",
+    "measure",
+    "rules_cmd",
+    "search",
+    "collect",
+    "train_wm",
+    "train_ppo",
+    "train_controller",
+    "optimize",
+    "bench",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

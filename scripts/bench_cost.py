@@ -131,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10, help="self-comparisons per model")
     parser.add_argument("--runs", type=int, default=30, help="least timed runs per graph")
     parser.add_argument(
-        "--min-time", type=float, default=0.25, help="least timed seconds per graph and compare"
+        "--min-time",
+        type=float,
+        default=None,
+        help="least timed seconds per graph and compare (default: the Runner's adaptive stop)",
     )
     parser.add_argument("--block", type=int, default=5, help="runs per interleaved block")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per graph")

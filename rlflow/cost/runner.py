@@ -5,15 +5,20 @@ one run: after a warm-up they are timed in alternating blocks (A-block B-block, 
 and compared by the minimum over all their runs, ratio = min(B) / min(A). The median of the
 per-pair ratios (k-th run of B over k-th run of A) is kept as secondary information: it is
 noisier. Results are cached by (graph hash, settings), in memory and optionally on disk.
+
+How long to time is adaptive by default: a fixed quarter second per graph let a 10-ms model
+measured against itself stray to 0.90-1.26 here, so rounds of blocks go on until every
+graph's minimum has settled (`AdaptiveStop`), between 1 and 10 s of timed runs per graph.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +66,83 @@ class Comparison:
         return min(range(len(self.measurements)), key=lambda i: self.measurements[i].min_ms)
 
 
+@dataclass
+class AdaptiveStop:
+    """When to stop timing: after whole rounds (one block of every graph), once every graph's
+    minimum has settled, within bounds on the runs and the timed time per graph.
+
+    A graph's minimum has settled when its running minimum now is no more than `tolerance`
+    (relative) below what it was a window of rounds ago: `patience` rounds, or the last
+    `patience_fraction` of all rounds so far if that is longer. A minimum is an extreme value:
+    once it stands, improvements come ever more rarely, so a fixed window would call it
+    settled too soon; "the second half of the runs did not beat the first by 0.5%" does not.
+
+    Timing stops at the first round where all of: each graph has `min_runs` runs, the fastest
+    graph has `min_time_s` of timed runs, and every minimum has settled; or, whatever the
+    minima do, where a graph reaches `max_time_s` of timed runs or `max_runs` runs. Pure
+    bookkeeping over the times it is fed (ms per run), so the rule is tested on synthetic
+    sequences.
+    """
+
+    min_time_s: float = 1.0
+    max_time_s: float = 10.0
+    tolerance: float = 0.005
+    patience: int = 10
+    patience_fraction: float = 0.5
+    min_runs: int = 30
+    max_runs: int = 5000
+
+    def __post_init__(self) -> None:
+        self.reset(0)
+
+    def reset(self, graphs: int) -> None:
+        """Start afresh for `graphs` graphs."""
+        self.rounds = 0
+        self.runs = [0] * graphs
+        self.timed_ms = [0.0] * graphs
+        self.minima: list[list[float]] = [[] for _ in range(graphs)]
+        """Per graph, its running minimum after each round."""
+        self.reason = ""
+        """Why `observe` last said stop: "settled", "max_time" or "max_runs"."""
+
+    def settled(self, graph: int) -> bool:
+        """Whether this graph's minimum improved by at most `tolerance` in `patience` rounds."""
+        history = self.minima[graph]
+        window = max(self.patience, math.ceil(self.patience_fraction * len(history)))
+        if len(history) <= window:
+            return False
+        return history[-1] >= history[-1 - window] * (1.0 - self.tolerance)
+
+    def observe(self, round_times: Sequence[Sequence[float]]) -> bool:
+        """Record one round (per graph, the times in ms of its block); True: stop timing."""
+        if self.rounds == 0 and len(self.runs) != len(round_times):
+            self.reset(len(round_times))
+        self.rounds += 1
+        for graph, times in enumerate(round_times):
+            self.runs[graph] += len(times)
+            self.timed_ms[graph] += float(sum(times))
+            previous = self.minima[graph][-1] if self.minima[graph] else float("inf")
+            self.minima[graph].append(min(previous, *times))
+        if max(self.timed_ms) >= 1e3 * self.max_time_s:
+            self.reason = "max_time"
+        elif max(self.runs) >= self.max_runs:
+            self.reason = "max_runs"
+        elif (
+            min(self.runs) >= self.min_runs
+            and min(self.timed_ms) >= 1e3 * self.min_time_s
+            and all(self.settled(graph) for graph in range(len(self.runs)))
+        ):
+            self.reason = "settled"
+        return bool(self.reason)
+
+    def key(self) -> str:
+        """The rule's parameters, for cache keys."""
+        return (
+            f"adaptive({self.min_time_s}-{self.max_time_s}s,tol={self.tolerance},"
+            f"patience={self.patience},fraction={self.patience_fraction})"
+        )
+
+
 class Runner:
     """Times graphs in onnxruntime under fixed settings.
 
@@ -68,10 +150,13 @@ class Runner:
         settings: provider, threads and ORT optimisation level (default: 1 thread, level all).
         warmup: untimed runs per graph before timing starts (at least 1).
         runs: at least this many timed runs per graph (rounded up to whole blocks).
-        min_time_s: and at least this much timed time per graph, judged from the warm-up
-            of the fastest graph: a sub-millisecond model gets thousands of runs, since a
-            minimum over a few ms of runs is at the mercy of one noisy moment.
-        max_runs: a cap on the runs per graph that `min_time_s` asks for.
+        min_time_s: None (default): time adaptively, round after round until every graph's
+            minimum has settled (see `AdaptiveStop`; `stop` sets its bounds). A number: a
+            fixed protocol of at least this much timed time per graph, judged from the
+            warm-up of the fastest graph (0: exactly `runs` runs).
+        max_runs: a cap on the runs per graph, in both protocols.
+        stop: the adaptive rule's bounds and tolerance (its min_runs and max_runs are
+            taken from `runs` and `max_runs`).
         block: consecutive runs of one graph before switching to the next.
         seed: seed of the random inputs (made once per model).
         cache_path: a JSON file to keep results across processes; None keeps them in memory.
@@ -83,17 +168,30 @@ class Runner:
         *,
         warmup: int = 3,
         runs: int = 30,
-        min_time_s: float = 0.25,
+        min_time_s: float | None = None,
         max_runs: int = 5000,
         block: int = 5,
         seed: int = 0,
         cache_path: str | os.PathLike | None = None,
+        stop: AdaptiveStop | None = None,
     ) -> None:
-        if min(runs, block, warmup, max_runs) < 1 or min_time_s < 0:
+        if min(runs, block, warmup, max_runs) < 1:
             raise RlflowError("warmup, runs, max_runs and block must be at least 1")
+        if min_time_s is not None and min_time_s < 0:
+            raise RlflowError(f"min_time_s must be at least 0, got {min_time_s}")
         self.settings = (settings or OrtSettings()).resolved()
         self.warmup, self.runs, self.block, self.seed = warmup, runs, block, seed
         self.min_time_s, self.max_runs = min_time_s, max(max_runs, runs)
+        self.stop = replace(stop or AdaptiveStop(), min_runs=runs, max_runs=self.max_runs)
+        if (
+            self.stop.min_time_s > self.stop.max_time_s
+            or self.stop.patience < 1
+            or not 0 <= self.stop.patience_fraction < 1
+        ):
+            raise RlflowError(
+                "the adaptive stop needs min_time_s <= max_time_s, patience >= 1 and "
+                "0 <= patience_fraction < 1"
+            )
         self.cache_path = Path(cache_path) if cache_path is not None else None
         self._cache: dict[str, Any] = read_json(self.cache_path) if self.cache_path else {}
         self.sessions_built = 0
@@ -178,18 +276,34 @@ class Runner:
                         f"onnxruntime cannot run model {index}: {first_line(error)}"
                     ) from None
                 fastest_ms = min(fastest_ms, warm_ms)
-            wanted = int(self.min_time_s * 1e3 / max(fastest_ms, 1e-3))
-            runs = max(self.runs, min(wanted, self.max_runs))
-            rounds = -(-runs // self.block)
-            for round_index in range(rounds):
-                order = range(len(sources))
-                for index in order if round_index % 2 == 0 else reversed(order):
-                    run = runners[index]
-                    times[index].extend(run() for _ in range(self.block))
+            if self.min_time_s is None:
+                self._time_adaptively(runners, times)
+            else:
+                wanted = int(self.min_time_s * 1e3 / max(fastest_ms, 1e-3))
+                runs = max(self.runs, min(wanted, self.max_runs))
+                for round_index in range(-(-runs // self.block)):
+                    self._round(runners, times, round_index)
         finally:
             if gc_was_enabled:
                 gc.enable()
         return times
+
+    def _round(self, runners: list, times: list[list[float]], round_index: int) -> None:
+        """One block of every graph, in reverse order every other round (A B, B A, ...)."""
+        order = range(len(runners))
+        for index in order if round_index % 2 == 0 else reversed(order):
+            run = runners[index]
+            times[index].extend(run() for _ in range(self.block))
+
+    def _time_adaptively(self, runners: list, times: list[list[float]]) -> None:
+        stop = replace(self.stop)  # a fresh copy: its bookkeeping is per call
+        stop.reset(len(runners))
+        round_index = 0
+        while True:
+            self._round(runners, times, round_index)
+            round_index += 1
+            if stop.observe([graph_times[-self.block :] for graph_times in times]):
+                return
 
     def _measurement(self, source: ModelSource, times: list[float]) -> Measurement:
         return Measurement(
@@ -205,8 +319,9 @@ class Runner:
     # ---- cache ------------------------------------------------------------------------------
 
     def _key(self, kind: str, hashes: list[str]) -> str:
+        timing = self.stop.key() if self.min_time_s is None else self.min_time_s
         protocol = (
-            f"warmup={self.warmup},runs={self.runs},min_time_s={self.min_time_s},"
+            f"warmup={self.warmup},runs={self.runs},min_time_s={timing},"
             f"max_runs={self.max_runs},block={self.block},seed={self.seed}"
         )
         return f"{kind}|{'|'.join(hashes)}|{self.settings.key()}|{protocol}"

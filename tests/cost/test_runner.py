@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rlflow.cost import OrtSettings, Runner
+from rlflow.cost.runner import AdaptiveStop
 from rlflow.errors import RlflowError
 from rlflow.graph import load_model
 
@@ -111,3 +113,82 @@ def test_user_errors_are_rlflow_errors(build, plain_and_heavy):
     with pytest.raises(RlflowError, match="ORT level"):
         OrtSettings(ort_level="fast")
     assert OrtSettings().resolved().provider in ("cpu", "cuda")
+
+
+# ---- the adaptive stopping rule, on synthetic times (no timing involved) ----------------------
+
+
+def feed(stop: AdaptiveStop, rounds) -> int:
+    """Feed rounds (per graph, a block of times in ms) until the rule says stop; the round."""
+    stop.reset(0)
+    for number, round_times in enumerate(rounds, start=1):
+        if stop.observe(round_times):
+            return number
+    raise AssertionError("the rule never stopped")
+
+
+def rule(**overrides) -> AdaptiveStop:
+    """A small rule: 0.1-1 s, 0.5% tolerance, a fixed window of 4 rounds, at least 10 runs."""
+    fields = dict(min_time_s=0.1, max_time_s=1.0, tolerance=0.005, patience=4, min_runs=10)
+    return AdaptiveStop(**{**fields, "patience_fraction": 0.0, **overrides})
+
+
+def flat_then(level_ms: float, drop_at: int, dropped_ms: float, block: int = 5):
+    """One graph at level_ms per run, from round `drop_at` on at dropped_ms."""
+    for number in itertools.count(1):
+        yield [[level_ms if number < drop_at else dropped_ms] * block]
+
+
+def test_adaptive_stop_settles_after_min_time_and_patience():
+    stop = rule()
+    # 5 ms per graph and round: 0.1 s of timed runs after 20 rounds; settled long before.
+    assert feed(stop, flat_then(1.0, 10**9, 1.0)) == 20
+    assert stop.reason == "settled"
+    assert stop.runs == [100]
+
+
+def test_adaptive_stop_a_late_drop_restarts_the_patience():
+    stop = rule(min_time_s=0.048)
+    assert feed(stop, flat_then(1.0, 10**9, 1.0)) == 10  # 48 ms of runs after 10 rounds
+    # The minimum falls 2% at round 8: unsettled until round 8 is `patience` rounds back.
+    assert feed(stop, flat_then(1.0, 8, 0.98)) == 12
+    assert stop.reason == "settled"
+    # A drop within the tolerance (0.3%) does not count as an improvement.
+    assert feed(stop, flat_then(1.0, 8, 0.997)) == 10
+    # With a window of half the rounds so far, round 8 must lie in the first half: round 16.
+    stop = rule(min_time_s=0.048, patience_fraction=0.5)
+    assert feed(stop, flat_then(1.0, 8, 0.98)) == 16
+
+
+def test_adaptive_stop_waits_for_every_graph():
+    stop = rule()
+    # Graph 1 improves 0.3% a round: 1.2% over the patience window, never settled.
+    drifting = ([[1.0] * 5, [2.0 * 0.997**number] * 5] for number in itertools.count(1))
+    stopped_at = feed(stop, drifting)
+    assert stop.reason == "max_time"
+    assert max(stop.timed_ms) >= 1000.0
+    assert max(stop.timed_ms) - 5 * 2.0 * 0.997**stopped_at < 1000.0  # the first round over
+    # Improving 0.1% a round (0.4% per window) is within the tolerance: settled at 0.1 s.
+    slow = ([[1.0] * 5, [2.0 * 0.999**number] * 5] for number in itertools.count(1))
+    assert feed(stop, slow) == 20 and stop.reason == "settled"
+
+
+def test_adaptive_stop_caps_runs():
+    stop = rule(min_time_s=5.0, max_time_s=10.0, max_runs=50)
+    assert feed(stop, flat_then(1.0, 10**9, 1.0)) == 10
+    assert stop.reason == "max_runs"
+
+
+def test_default_runner_is_adaptive_and_fixed_time_still_works(plain_and_heavy):
+    plain, _ = plain_and_heavy
+    assert Runner().min_time_s is None
+    quick = AdaptiveStop(min_time_s=0.02, max_time_s=0.5, patience=3)
+    adaptive = Runner(runs=12, block=4, stop=quick).measure(plain)
+    assert adaptive.runs >= 12 and adaptive.runs % 4 == 0
+    fixed = Runner(runs=12, block=4, min_time_s=0).measure(plain)
+    assert fixed.runs == 12
+    assert Runner(stop=quick)._key("m", ["h"]) != Runner(min_time_s=0.02)._key("m", ["h"])
+    with pytest.raises(RlflowError, match="min_time_s"):
+        Runner(min_time_s=-1.0)
+    with pytest.raises(RlflowError, match="adaptive"):
+        Runner(stop=AdaptiveStop(min_time_s=2.0, max_time_s=1.0))

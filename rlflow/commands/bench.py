@@ -1,0 +1,478 @@
+"""`rlflow bench --models ... --methods ... --out REPORT_DIR`: every method on every model.
+
+Methods are search baselines (greedy, taso, random) and trained agents (`agent:RUN_DIR`). Each
+runs on each model under each ORT level (its result checked for equivalence and kept under
+REPORT_DIR/models/); then all results of a model are timed interleaved with the original in
+one Runner.compare per ORT level, the only comparison that survives a noisy machine.
+REPORT_DIR gets `results.json` (written after every step: a rerun skips what is done),
+`report.md` and PNG plots. Defaults come from `configs/bench.yaml` (`--config`); flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlflow.commands.common import model_label, model_path, print_json
+from rlflow.commands.pipeline import AGENT_PREFIX, COST_CHOICES, is_agent, method_label
+from rlflow.errors import RlflowError
+
+DEFAULTS: dict[str, Any] = {
+    "models": ["squeezenet-1.1", "resnet-18"],
+    "methods": ["greedy", "taso"],
+    "ort_levels": ["all", "disable"],
+    "size": "small",
+    "budget": None,
+    "cost": None,
+    "episodes": 4,
+    "top_k": 3,
+    "seed": 0,
+    "threads": 1,
+    "min_time": None,
+}
+"""The built-in defaults; `configs/bench.yaml` holds the same values (a test keeps them equal)."""
+RESULTS_VERSION = 1
+"""Part of results.json: bump when its layout changes, so that an old file is not resumed."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="compare methods on models; write report.md, plots and results.json"
+    )
+    parser.add_argument("--models", nargs="+", metavar="MODEL", help="zoo names or .onnx paths")
+    parser.add_argument(
+        "--methods", nargs="+", metavar="METHOD", help="greedy, taso, random, agent:RUN_DIR"
+    )
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
+    parser.add_argument(
+        "--ort-levels", metavar="LEVELS", help="comma-separated ORT levels (default all,disable)"
+    )
+    parser.add_argument("--size", choices=("small", "full"), help="zoo model size (default small)")
+    parser.add_argument("--budget", type=int, help="search expansions (default: the method's)")
+    parser.add_argument(
+        "--cost",
+        choices=COST_CHOICES,
+        help="cost model ranking graphs (default analytic; an agent: its env's reward source)",
+    )
+    parser.add_argument("--episodes", type=int, help="agent rollouts per model (default 4)")
+    parser.add_argument("--top-k", type=int, help="best graphs a method times at its end")
+    parser.add_argument("--seed", type=int, help="random walks / agent rollouts (default 0)")
+    parser.add_argument("--threads", type=int, help="intra-op threads (default 1)")
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        metavar="S",
+        help="timed seconds per graph in every measurement (default: adaptive, 1-10 s)",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML defaults (configs/bench.yaml)")
+    parser.add_argument(
+        "--fresh", action="store_true", help="ignore REPORT_DIR/results.json and start over"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    parser.set_defaults(run=run)
+
+
+# ---- options ------------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike | None) -> dict[str, Any]:
+    """DEFAULTS updated with a YAML config file's values (RlflowError on unknown keys)."""
+    options = dict(DEFAULTS)
+    if path is None:
+        return options
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError:
+        raise RlflowError(f"cannot read config {path}") from None
+    except yaml.YAMLError as error:
+        raise RlflowError(f"config {path} is not valid YAML: {type(error).__name__}") from None
+    if not isinstance(data, dict):
+        raise RlflowError(f"config {path} is not a YAML mapping")
+    unknown = sorted(set(data) - set(DEFAULTS))
+    if unknown:
+        raise RlflowError(f"config {path}: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
+    options.update(data)
+    return options
+
+
+def _split(values: list[str] | str) -> list[str]:
+    items = [values] if isinstance(values, str) else list(values)
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
+def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Config values overridden by the flags given; checked."""
+    from rlflow.commands.pipeline import validate_method
+    from rlflow.cost import ORT_LEVELS
+
+    options = load_config(args.config)
+    flags = {
+        "models": args.models,
+        "methods": args.methods,
+        "ort_levels": args.ort_levels,
+        "size": args.size,
+        "budget": args.budget,
+        "cost": args.cost,
+        "episodes": args.episodes,
+        "top_k": args.top_k,
+        "seed": args.seed,
+        "threads": args.threads,
+        "min_time": args.min_time,
+    }
+    options.update({key: value for key, value in flags.items() if value is not None})
+    for key in ("models", "methods", "ort_levels"):
+        options[key] = list(dict.fromkeys(_split(options[key])))
+        if not options[key]:
+            raise RlflowError(f"--{key.replace('_', '-')} is empty")
+    for level in options["ort_levels"]:
+        if level not in ORT_LEVELS:
+            raise RlflowError(f"unknown ORT level {level!r}; choose from {', '.join(ORT_LEVELS)}")
+    if options["size"] not in ("small", "full"):
+        raise RlflowError(f"size must be small or full, got {options['size']!r}")
+    if options["min_time"] is not None and options["min_time"] < 0:
+        raise RlflowError(f"--min-time must be at least 0, got {options['min_time']}")
+    for method in options["methods"]:
+        validate_method(method)
+    labels = [method_label(method) for method in options["methods"]]
+    if len(set(labels)) != len(labels):
+        raise RlflowError(f"two methods share a name in the report: {labels}")
+    for model in options["models"]:
+        model_path(model, options["size"])  # fails early on a missing file or unknown name
+    return options
+
+
+def _fingerprint(options: dict[str, Any]) -> dict[str, Any]:
+    """What a finished cell depends on besides its (model, method, level)."""
+    keys = ("size", "budget", "cost", "episodes", "top_k", "seed", "threads", "min_time")
+    return {"version": RESULTS_VERSION, **{key: options[key] for key in keys}}
+
+
+def command_line(options: dict[str, Any], out: str | os.PathLike) -> str:
+    """The `rlflow bench` command that reproduces these options."""
+    words = ["rlflow", "bench", "--models", *options["models"], "--methods", *options["methods"]]
+    words += ["--ort-levels", ",".join(options["ort_levels"]), "--size", options["size"]]
+    for key in ("budget", "cost", "episodes", "top_k", "seed", "threads", "min_time"):
+        if options[key] is not None and options[key] != DEFAULTS[key]:
+            words += [f"--{key.replace('_', '-')}", str(options[key])]
+    return shlex.join([*words, "--out", str(out)])
+
+
+# ---- the run ------------------------------------------------------------------------------
+
+
+class _MethodProgress:
+    """Forwards a method's progress (expansions, stage) to the bench bar's postfix."""
+
+    def __init__(self, bar: Any, prefix: str) -> None:
+        self.bar, self.prefix, self.count, self.stage = bar, prefix, 0, ""
+
+    def update(self, n: int = 1) -> None:
+        self.count += n
+        self.bar.set_postfix_str(f"{self.prefix}: {self.count} steps {self.stage}", refresh=False)
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.stage = s
+        self.bar.set_postfix_str(f"{self.prefix}: {s}", refresh=refresh)
+
+
+def _still_valid(cell: dict[str, Any], method: str, out: Path) -> bool:
+    """Whether a recorded cell can stand: same method (an agent's run not trained further since),
+    and its model file still there."""
+    from rlflow.report import read_progress, real_env_steps
+
+    if cell.get("method_spec") != method:
+        return False
+    if is_agent(method):
+        if real_env_steps(read_progress(method[len(AGENT_PREFIX) :])) != cell.get("env_steps"):
+            return False
+    return not cell["equivalent"] or (out / cell["graph_file"]).is_file()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from rlflow.cost.cache import read_json
+
+    started = time.perf_counter()
+    options = resolve_options(args)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise RlflowError(f"--out {out} exists and is not a directory")
+    results_path = out / "results.json"
+    state = {} if args.fresh else read_json(results_path)
+    if state and state.get("settings") != _fingerprint(options):
+        print(
+            f"rlflow bench: {results_path} was made with other settings; starting over",
+            file=sys.stderr,
+        )
+        state = {}
+    state = state or {"settings": _fingerprint(options), "cells": {}, "comparisons": {}}
+    state["command"] = command_line(options, out)
+    load_before = os.getloadavg()
+
+    models, methods, levels = options["models"], options["methods"], options["ort_levels"]
+    total = len(models) * len(levels) * (len(methods) + 1)
+    with tqdm(total=total, desc="bench", unit="cell", file=sys.stderr, mininterval=0.5) as bar:
+        for model in models:
+            bench_model(model, options, state, out, bar)
+    rows = result_rows(state, options)
+    outputs = write_report(rows, options, state, out, load_before, time.perf_counter() - started)
+    summary = {
+        "out": str(out),
+        "report": str(outputs[0]),
+        "plots": [str(path) for path in outputs[1:]],
+        "results": str(results_path),
+        "rows": rows,
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        print_rows(rows)
+        print(f"wrote {outputs[0]}, {len(outputs) - 1} plots and {results_path}")
+    return 0
+
+
+def bench_model(
+    model: str, options: dict[str, Any], state: dict[str, Any], out: Path, bar: Any
+) -> None:
+    """Every method on one model under every ORT level, then one comparison per level; each
+    finished step is saved to results.json at once, and skipped if it is there already."""
+    from rlflow.commands.common import resolve_model
+    from rlflow.commands.pipeline import SearchOptions, make_runner, run_method, write_model
+    from rlflow.cost import OrtSettings, check_equivalence
+    from rlflow.fileio import write_json_atomic
+    from rlflow.graph import load_model
+    from rlflow.report import read_progress, real_env_steps
+
+    size = options["size"]
+    label = model_label(model, size)
+    original = None
+    search_options = SearchOptions(
+        budget=options["budget"],
+        cost=options["cost"],
+        seed=options["seed"],
+        top_k=options["top_k"],
+        episodes=options["episodes"],
+        size=size,
+    )
+    for level in options["ort_levels"]:
+        settings = OrtSettings(threads=options["threads"], ort_level=level).resolved()
+        runner = make_runner(settings, options["min_time"])
+        for method in options["methods"]:
+            key = f"{label}|{method_label(method)}|{level}"
+            cell = state["cells"].get(key)
+            if cell is not None and _still_valid(cell, method, out):
+                bar.update(1)
+                continue
+            bar.set_description(f"{label} {method_label(method)} {level}")
+            if original is None:
+                original = resolve_model(model, size)
+            progress = _MethodProgress(bar, method_label(method))
+            result = run_method(
+                method, original, label, settings, search_options, runner=runner, progress=progress
+            )
+            report = check_equivalence(original, result.graph)
+            graph_file = None
+            if report.equivalent:
+                graph_file = f"models/{_slug(label)}.{_slug(method_label(method))}.{level}.onnx"
+                write_model(out / graph_file, result.graph)
+            env_steps = None
+            if is_agent(method):
+                env_steps = real_env_steps(read_progress(method[len(AGENT_PREFIX) :]))
+            state["cells"][key] = {
+                "model": label,
+                "method": method_label(method),
+                "method_spec": method,
+                "ort_level": level,
+                "threads": result.threads,
+                "provider": result.provider,
+                "equivalent": report.equivalent,
+                "max_abs_err": report.max_abs_err,
+                "max_rel_err": report.max_rel_err,
+                "equivalence_note": report.reason,
+                "graph_file": graph_file,
+                "graph_hash": result.graph.canonical_hash(),
+                "wall_s": result.wall_s,
+                "search_s": result.search_s,
+                "measure_s": result.measure_s,
+                "steps": len(result.actions),
+                "expansions": result.expansions,
+                "evaluated": result.evaluated,
+                "env_steps": env_steps,
+                "rules_applied": result.rules_applied,
+                "cost_model": result.cost_model,
+                "method_speedup": result.speedup,
+                "episode": result.state.to_json(),
+            }
+            write_json_atomic(out / "results.json", state)
+            bar.update(1)
+
+        # One interleaved run: the original and every distinct equivalent result.
+        cells = [state["cells"][f"{label}|{method_label(m)}|{level}"] for m in options["methods"]]
+        members = {cell["method"]: cell["graph_hash"] for cell in cells if cell["equivalent"]}
+        comparison_key = f"{label}|{level}"
+        if state["comparisons"].get(comparison_key, {}).get("members") == members:
+            bar.update(1)
+            continue
+        bar.set_description(f"{label} {level}: timing")
+        bar.set_postfix_str(f"{len(set(members.values())) + 1} graphs interleaved", refresh=True)
+        if original is None:
+            original = resolve_model(model, size)
+        original_hash = original.canonical_hash()
+        graphs, hashes = [original], [original_hash]
+        for cell in cells:
+            if cell["equivalent"] and cell["graph_hash"] not in hashes:
+                graphs.append(load_model(out / cell["graph_file"]))
+                hashes.append(cell["graph_hash"])
+        comparison = runner.compare(graphs, use_cache=False)
+        state["comparisons"][comparison_key] = {
+            "model": label,
+            "ort_level": level,
+            "members": members,
+            "original_hash": original_hash,
+            "min_ms": {h: m.min_ms for h, m in zip(hashes, comparison.measurements, strict=True)},
+            "median_ms": {
+                h: m.median_ms for h, m in zip(hashes, comparison.measurements, strict=True)
+            },
+            "runs": {h: m.runs for h, m in zip(hashes, comparison.measurements, strict=True)},
+            "speedup": dict(zip(hashes, comparison.speedups, strict=True)),
+            "loadavg": list(os.getloadavg()),
+        }
+        write_json_atomic(out / "results.json", state)
+        bar.update(1)
+
+
+def result_rows(state: dict[str, Any], options: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (model, method, level) of this run's options (rlflow.report.ROW_FIELDS)."""
+    rows = []
+    for level in options["ort_levels"]:
+        for model in options["models"]:
+            label = model_label(model, options["size"])
+            comparison = state["comparisons"].get(f"{label}|{level}", {})
+            for method in options["methods"]:
+                cell = dict(state["cells"][f"{label}|{method_label(method)}|{level}"])
+                graph_hash = cell["graph_hash"]
+                measured = cell["equivalent"] and graph_hash in comparison.get("speedup", {})
+                original_hash = comparison.get("original_hash")
+                cell.update(
+                    speedup=comparison["speedup"][graph_hash] if measured else None,
+                    original_ms=comparison.get("min_ms", {}).get(original_hash),
+                    optimized_ms=comparison["min_ms"][graph_hash] if measured else None,
+                )
+                cell.pop("episode", None)
+                rows.append(cell)
+    return rows
+
+
+def write_report(
+    rows: list[dict[str, Any]],
+    options: dict[str, Any],
+    state: dict[str, Any],
+    out: Path,
+    load_before: tuple[float, float, float],
+    wall_s: float,
+) -> list[Path]:
+    """report.md and its plots; returns [report path, plot paths...]."""
+    import onnxruntime as ort
+
+    from rlflow.fileio import write_text_atomic
+    from rlflow.report import (
+        EfficiencyPanel,
+        plot_learning_curves,
+        plot_speedup_bars,
+        plot_speedup_vs_env_steps,
+        plot_wall_time,
+        read_progress,
+        read_scalars,
+        render_report,
+        speedup_by_env_steps,
+    )
+
+    plots: list[tuple[str, Path | None]] = [
+        ("Speedup per model and method", plot_speedup_bars(rows, out / "speedup.png")),
+        ("Optimisation wall time", plot_wall_time(rows, out / "wall_time.png")),
+    ]
+    agents = {method_label(m): m[len(AGENT_PREFIX) :] for m in options["methods"] if is_agent(m)}
+    if agents:
+        curves = {name: read_scalars(run_dir) for name, run_dir in agents.items()}
+        plots.append(
+            ("Learning curves of the agents (TensorBoard scalars)",
+             plot_learning_curves(curves, out / "learning_curves.png"))
+        )  # fmt: skip
+        progress = {name: read_progress(run_dir) for name, run_dir in agents.items()}
+        for level in options["ort_levels"]:
+            panels: dict[str, EfficiencyPanel] = {}
+            for model in options["models"]:
+                label = model_label(model, options["size"])
+                panel = panels.setdefault(label, EfficiencyPanel())
+                for row in rows:
+                    if (row["model"], row["ort_level"]) != (label, level):
+                        continue
+                    if row["speedup"] is None:
+                        continue
+                    if row["method"] in agents:
+                        if row["env_steps"] is not None:
+                            panel.finals[row["method"]] = (row["env_steps"], row["speedup"])
+                        model_names = {model, label, str(Path(model).name)}
+                        episodes = progress[row["method"]].get("episodes", [])
+                        on_model = [e for e in episodes if e.get("model") in model_names]
+                        log = {"episodes": on_model or episodes}
+                        panel.training[row["method"]] = speedup_by_env_steps(log)
+                    else:
+                        panel.baselines[row["method"]] = row["speedup"]
+            plots.append(
+                (f"Speedup against real env steps (ORT level {level})",
+                 plot_speedup_vs_env_steps(
+                     panels, out / f"speedup_vs_env_steps_{level}.png", title=level))
+            )  # fmt: skip
+    drawn = [(caption, path) for caption, path in plots if path is not None]
+    loads = [c["loadavg"][0] for c in state["comparisons"].values() if "loadavg" in c]
+    provider = next((row["provider"] for row in rows if row.get("provider")), "cpu")
+    preamble = [
+        f"`{state['command']}`",
+        "",
+        f"{time.strftime('%Y-%m-%d %H:%M')}; onnxruntime {ort.__version__}, provider {provider}, "
+        f"{options['threads']} intra-op thread(s); {os.cpu_count()} CPUs, 1-min load average "
+        f"{load_before[0]:.2f} at the start"
+        + (f", {min(loads):.2f}-{max(loads):.2f} during the comparisons" if loads else "")
+        + f"; this run {wall_s:.0f} s (cells done by an earlier run are not redone).",
+        "",
+        "Ratios come from one interleaved run per model and level; absolute times from "
+        "different runs are not comparable on a shared machine.",
+    ]
+    text = render_report(
+        rows,
+        title="rlflow bench",
+        preamble=preamble,
+        plots=[(caption, path.name) for caption, path in drawn],
+    )
+    report = write_text_atomic(out / "report.md", text)
+    return [report, *(path for _, path in drawn)]
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    """A short text table: model, method, level, speedup, wall time."""
+    print(f"{'model':<24}{'method':<20}{'ort-level':<10}{'speedup':>10}{'wall s':>9}")
+    for row in rows:
+        if not row["equivalent"]:
+            speedup = "not equiv"
+        elif row["speedup"] is None:
+            speedup = "—"
+        else:
+            speedup = f"{row['speedup']:.3f}x"
+        print(
+            f"{row['model']:<24}{row['method']:<20}{row['ort_level']:<10}{speedup:>10}"
+            f"{row['wall_s']:>9.1f}"
+        )

@@ -1,0 +1,144 @@
+"""The markdown of a benchmark report: per ORT level, tables over models (rows) and methods
+(columns) of speedup, optimisation wall time, steps, equivalence error and rules applied."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Row = Mapping[str, Any]
+
+ROW_FIELDS: tuple[str, ...] = (
+    "model",  # label of the model (zoo name:size or path)
+    "method",  # method label (greedy, taso, random, agent:RUN_NAME)
+    "ort_level",  # onnxruntime optimisation level of the measurements
+    "threads",  # intra-op threads of the measurements
+    "equivalent",  # the result passed the equivalence check (else no speedup is reported)
+    "speedup",  # min(original) / min(result), from the model's one interleaved comparison
+    "original_ms",  # min latency of the original in that comparison
+    "optimized_ms",  # min latency of the result in that comparison
+    "wall_s",  # the method's optimisation wall time (search or rollouts + its measurement)
+    "steps",  # rewrites applied on the path to the result
+    "expansions",  # search expansions, or the agent's rollout steps
+    "env_steps",  # real env steps the agent trained with (None for searches)
+    "max_abs_err",  # equivalence check: largest absolute error over outputs and seeds
+    "rules_applied",  # rule name -> times applied
+)
+"""What each result row holds (a dict); `render_report` reads these keys."""
+
+
+def _ordered(rows: Sequence[Row], key: str) -> list[str]:
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.setdefault(str(row[key]), None)
+    return list(seen)
+
+
+def _table(
+    rows: Sequence[Row],
+    models: list[str],
+    methods: list[str],
+    cell: Callable[[Row], str],
+    first: tuple[str, Callable[[str], str]] | None = None,
+) -> list[str]:
+    """A markdown table: a row per model, a column per method (plus an optional first one)."""
+    by_key = {(row["model"], row["method"]): row for row in rows}
+    head = ["model", *([first[0]] if first else []), *methods]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for model in models:
+        cells = [model]
+        if first:
+            cells.append(first[1](model))
+        for method in methods:
+            row = by_key.get((model, method))
+            cells.append("—" if row is None else cell(row))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _speedup(row: Row) -> str:
+    if not row.get("equivalent", True):
+        return "not equivalent"
+    if row.get("speedup") is None:
+        return "—"
+    return f"{row['speedup']:.3f}x"
+
+
+def _steps(row: Row) -> str:
+    env_steps = row.get("env_steps")
+    trained = "—" if env_steps is None else f"{env_steps:,}"
+    return f"{row.get('steps', 0)} / {row.get('expansions', 0)} / {trained}"
+
+
+def _error(row: Row) -> str:
+    value = row.get("max_abs_err")
+    if not row.get("equivalent", True):
+        return f"fails ({value:.1e})" if isinstance(value, float) else "fails"
+    return "—" if value is None else f"{value:.1e}"
+
+
+def _rules(row: Row) -> str:
+    rules = row.get("rules_applied") or {}
+    if not rules:
+        return "none"
+    shown = [f"{name} x{count}" for name, count in list(rules.items())[:3]]
+    more = len(rules) - len(shown)
+    return ", ".join(shown) + (f", +{more} more" if more > 0 else "")
+
+
+def render_report(
+    rows: Sequence[Row],
+    *,
+    title: str = "rlflow bench",
+    preamble: Sequence[str] = (),
+    plots: Sequence[tuple[str, str]] = (),
+) -> str:
+    """The report as markdown: `preamble` lines, then per ORT level the tables, then `plots`
+    as (caption, relative PNG path) images."""
+    lines = [f"# {title}", "", *preamble, ""]
+    models, methods = _ordered(rows, "model"), _ordered(rows, "method")
+    for level in _ordered(rows, "ort_level"):
+        at_level = [row for row in rows if row["ort_level"] == level]
+        threads = sorted({row.get("threads") for row in at_level if row.get("threads")})
+        original_ms: dict[str, str] = {}
+        for row in at_level:
+            if row.get("original_ms") is not None:
+                original_ms[row["model"]] = f"{row['original_ms']:.3f}"
+        lines += [
+            f"## ORT level `{level}`" + (f", {threads[0]} thread(s)" if len(threads) == 1 else ""),
+            "",
+            "Speedup of each method's result over the original (min latency of the original / "
+            "min of the result), all results of a model timed interleaved in one run.",
+            "",
+            *_table(
+                at_level,
+                models,
+                methods,
+                _speedup,
+                ("original ms", lambda model, ms=original_ms: ms.get(model, "—")),
+            ),
+            "",
+            "Optimisation wall time (s): search or rollouts, plus the method's own final "
+            "measurement of its best graphs.",
+            "",
+            *_table(at_level, models, methods, lambda row: f"{row['wall_s']:.1f}"),
+            "",
+            "Steps: rewrites applied / search expansions or agent rollout steps / real env "
+            "steps the agent trained with.",
+            "",
+            *_table(at_level, models, methods, _steps),
+            "",
+            "Equivalence check of each result against the original: max abs error.",
+            "",
+            *_table(at_level, models, methods, _error),
+            "",
+            "Rules applied (most used first).",
+            "",
+            *_table(at_level, models, methods, _rules),
+            "",
+        ]
+    if plots:
+        lines += ["## Plots", ""]
+        for caption, path in plots:
+            lines += [f"![{caption}]({path})", "", caption, ""]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,125 @@
+"""`rlflow bench`: report.md, PNG plots and results.json for two models and two methods; a rerun
+resumes instead of redoing; a trained agent adds learning curves; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlflow.cli import main
+from rlflow.commands.bench import DEFAULTS, load_config
+from rlflow.cost import check_equivalence
+from rlflow.graph import load_model
+from rlflow.zoo import cached_path
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = ("--budget", "4", "--ort-levels", "all", "--min-time", "0.05")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench(capsys, out: Path, *args: str) -> dict:
+    code = main(["bench", *args, *QUICK, "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out.strip().splitlines()[-1])
+
+
+def test_two_models_two_methods_report_and_plots(tmp_path, capsys):
+    out = tmp_path / "report"
+    args = ("--models", "squeezenet-1.1", "resnet-18", "--methods", "greedy", "taso")
+    summary = bench(capsys, out, *args)
+
+    report = (out / "report.md").read_text()
+    for needle in ("squeezenet-1.1:small", "resnet-18:small", "| greedy | taso |", "`all`"):
+        assert needle in report, needle
+    for heading in ("Speedup", "wall time", "Steps", "max abs error", "Rules applied"):
+        assert heading in report, heading
+    plots = [Path(path) for path in summary["plots"]]
+    assert len(plots) >= 2
+    for plot in plots:
+        assert plot.read_bytes().startswith(PNG_MAGIC) and plot.name in report
+
+    rows = summary["rows"]
+    assert {(row["model"], row["method"]) for row in rows} == {
+        (model, method)
+        for model in ("squeezenet-1.1:small", "resnet-18:small")
+        for method in ("greedy", "taso")
+    }
+    results = json.loads((out / "results.json").read_text())
+    for row in rows:
+        assert row["equivalent"] and row["speedup"] > 0 and row["ort_level"] == "all"
+        assert row["steps"] == sum(row["rules_applied"].values())
+        # every result was timed in its model's one interleaved comparison
+        comparison = results["comparisons"][f"{row['model']}|all"]
+        assert comparison["members"][row["method"]] == row["graph_hash"]
+        written = load_model(out / row["graph_file"])
+        assert written.canonical_hash() == row["graph_hash"]
+    original = load_model(cached_path("resnet-18", "small"))
+    taso = next(r for r in rows if r["model"] == "resnet-18:small" and r["method"] == "taso")
+    assert check_equivalence(original, load_model(out / taso["graph_file"])).equivalent
+    assert not list(out.rglob("*.tmp"))
+
+    # A rerun finds every cell and comparison in results.json and redoes none of them.
+    before = {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()}
+    again = bench(capsys, out, *args)
+    assert json.loads((out / "results.json").read_text())["cells"] == results["cells"]
+    assert json.loads((out / "results.json").read_text())["comparisons"] == results["comparisons"]
+    assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == before
+    assert [row["speedup"] for row in again["rows"]] == [row["speedup"] for row in rows]
+
+
+def test_configs_bench_yaml_mirrors_the_defaults():
+    assert load_config(REPO / "configs" / "bench.yaml") == DEFAULTS
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlflow: error:"), lines
+    return lines[0]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    out = tmp_path / "report"
+    base = ["bench", "--out", str(out), "--models", "squeezenet-1.1"]
+    assert "unknown method 'astar'" in one_line_error(capsys, [*base, "--methods", "astar"])
+    missing_run = f"agent:{tmp_path / 'no-run'}"
+    assert "no such agent run" in one_line_error(capsys, [*base, "--methods", missing_run])
+    message = one_line_error(capsys, [*base, "--methods", "greedy", "--ort-levels", "fast"])
+    assert "unknown ORT level 'fast'" in message
+    message = one_line_error(
+        capsys, ["bench", "--out", str(out), "--models", str(tmp_path / "x.onnx")]
+    )
+    assert "no such file" in message
+    bad_config = tmp_path / "bench.yaml"
+    bad_config.write_text("modles: [bert]\n")
+    assert "unknown keys" in one_line_error(capsys, [*base, "--config", str(bad_config)])
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_ppo_run(tmp_path_factory):
+    """A real PPO run directory, trained for a handful of steps on squeezenet (small)."""
+    ppo = pytest.importorskip("rlflow.agents.ppo")
+    run_dir = tmp_path_factory.mktemp("ppo-run")
+    config = ppo.PPOConfig(
+        models=["squeezenet-1.1"], total_steps=8, horizon=4, episodes_per_update=2,
+        minibatch_size=4, update_epochs=1, hidden=16, layers=1, heads=1, max_candidates=32,
+    )  # fmt: skip
+    ppo.train(config, run_dir, progress=False)
+    return run_dir
+
+
+def test_agent_adds_learning_curves_and_env_steps(tiny_ppo_run, tmp_path, capsys):
+    out = tmp_path / "report"
+    methods = ("greedy", f"agent:{tiny_ppo_run}")
+    summary = bench(capsys, out, "--models", "squeezenet-1.1", "--methods", *methods)
+    names = {Path(path).name for path in summary["plots"]}
+    assert {"speedup.png", "learning_curves.png", "speedup_vs_env_steps_all.png"} <= names
+    agent = next(row for row in summary["rows"] if row["method"].startswith("agent:"))
+    progress = json.loads((tiny_ppo_run / "progress.json").read_text())
+    assert agent["env_steps"] == progress["global_step"] > 0
+    assert agent["method"] == f"agent:{tiny_ppo_run.name}" and agent["equivalent"]
+    assert f"{agent['env_steps']:,}" in (out / "report.md").read_text()

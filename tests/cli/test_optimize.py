@@ -1,0 +1,194 @@
+"""`rlflow optimize`: the JSON contract on a zoo model and on a model exported here from torch,
+the written model's equivalence, the default method, a trained agent, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from rlflow.cli import main
+from rlflow.cost import check_equivalence
+from rlflow.graph import load_model
+from rlflow.zoo import cached_path
+
+CONTRACT = (
+    "original_ms",
+    "optimized_ms",
+    "speedup",
+    "ort_level",
+    "threads",
+    "steps",
+    "wall_s",
+    "max_abs_err",
+    "rules_applied",
+)
+QUICK = ("--min-time", "0.05")  # short final timings: these tests check behaviour, not speed
+
+
+def optimize_json(capsys, *args: str) -> tuple[dict, str]:
+    """Run `rlflow optimize ... --json` in this process; (the JSON object, stderr)."""
+    code = main(["optimize", *args, *QUICK, "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out.strip().splitlines()[-1]), captured.err
+
+
+def assert_contract(summary: dict) -> None:
+    missing = [key for key in CONTRACT if key not in summary]
+    assert not missing, missing
+    assert summary["original_ms"] > 0 and summary["optimized_ms"] > 0
+    assert summary["speedup"] == pytest.approx(summary["original_ms"] / summary["optimized_ms"])
+    assert summary["steps"] == sum(summary["rules_applied"].values())
+    assert summary["threads"] == 1 and summary["wall_s"] > 0
+    assert summary["equivalent"] is True and 0 <= summary["max_abs_err"] < 1e-3
+
+
+def test_zoo_model_with_the_default_method(tmp_path, capsys):
+    out = tmp_path / "out" / "resnet18.onnx"
+    summary, err = optimize_json(capsys, "resnet-18", "--budget", "8", "-o", str(out))
+    assert_contract(summary)
+    assert summary["method"] == "taso" and summary["chosen_by_default"] is True
+    assert "taso (the default)" in err
+    assert summary["ort_level"] == "all" and summary["model"] == "resnet-18:small"
+    written = load_model(out)
+    assert written.canonical_hash() == summary["episode"]["final_hash"]
+    report = check_equivalence(load_model(cached_path("resnet-18", "small")), written)
+    assert report.equivalent, report.reason
+    assert [path.name for path in out.parent.iterdir()] == [out.name]  # no temporary left
+
+
+class ConvBlock(nn.Module):
+    """Not a zoo model: conv + batch norm + relu twice, then a linear head (MatMul + Add)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+@pytest.fixture
+def torch_onnx(tmp_path):
+    """A ConvBlock with trained-looking batch-norm statistics, exported to ONNX."""
+    torch.manual_seed(0)
+    module = ConvBlock().eval()
+    for layer in module.features:
+        if isinstance(layer, nn.BatchNorm2d):
+            layer.running_mean.uniform_(-0.5, 0.5)
+            layer.running_var.uniform_(0.5, 2.0)
+    path = tmp_path / "convblock.onnx"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter, as the zoo's
+        torch.onnx.export(
+            module,
+            (torch.randn(1, 3, 16, 16),),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["x"],
+            output_names=["y"],
+            training=torch.onnx.TrainingMode.PRESERVE,  # keep BatchNorm nodes for the rules
+            do_constant_folding=False,
+        )
+    return path
+
+
+def test_model_exported_from_torch(torch_onnx, tmp_path, capsys):
+    out = tmp_path / "convblock.opt.onnx"
+    args = ("--method", "greedy", "--ort-level", "disable", "-o", str(out))
+    summary, _ = optimize_json(capsys, str(torch_onnx), *args)
+    assert_contract(summary)
+    assert summary["method"] == "greedy" and summary["ort_level"] == "disable"
+    assert summary["model"] == str(torch_onnx)
+    assert summary["optimized_nodes"] <= summary["original_nodes"]
+    report = check_equivalence(load_model(torch_onnx), load_model(out))
+    assert report.equivalent, report.reason
+
+    # The human form: before/after, speedup, rules, wall time, what was written.
+    assert main(["optimize", str(torch_onnx), *args, *QUICK]) == 0
+    text = capsys.readouterr().out
+    for expected in ("latency ms", "speedup", "rules applied", "wall", "ort-level disable"):
+        assert expected in text, text
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlflow: error:"), lines
+    return lines[0]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    out = tmp_path / "out.onnx"
+    missing = one_line_error(capsys, ["optimize", str(tmp_path / "missing.onnx"), "-o", str(out)])
+    assert "no such file" in missing
+    corrupt = tmp_path / "corrupt.onnx"  # a real model cut in half
+    whole = cached_path("squeezenet-1.1", "small").read_bytes()
+    corrupt.write_bytes(whole[: len(whole) // 2])
+    message = one_line_error(capsys, ["optimize", str(corrupt), "-o", str(out)])
+    assert "not a valid ONNX" in message
+
+    def with_agent(run_dir) -> list[str]:
+        return ["optimize", "squeezenet-1.1", "--agent", str(run_dir), "-o", str(out)]
+
+    no_run = tmp_path / "no-such-run"
+    assert "no such agent run directory" in one_line_error(capsys, with_agent(no_run))
+    empty_run = tmp_path / "empty-run"
+    empty_run.mkdir()
+    assert "config.yaml" in one_line_error(capsys, with_agent(empty_run))
+    (empty_run / "config.yaml").write_text("kind: sarsa\n")
+    assert "unknown kind 'sarsa'" in one_line_error(capsys, with_agent(empty_run))
+    assert not out.exists()
+
+
+def test_bad_path_exit_code_from_a_real_process(tmp_path):
+    out = tmp_path / "out.onnx"
+    argv = ["optimize", str(tmp_path / "nope.onnx"), "-o", str(out)]
+    result = subprocess.run(
+        [sys.executable, "-m", "rlflow.cli", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no such file" in lines[0], result.stderr
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_ppo_run(tmp_path_factory):
+    """A real PPO run directory, trained for a handful of steps on squeezenet (small)."""
+    ppo = pytest.importorskip("rlflow.agents.ppo")
+    run_dir = tmp_path_factory.mktemp("ppo-run")
+    config = ppo.PPOConfig(
+        models=["squeezenet-1.1"], total_steps=8, horizon=4, episodes_per_update=2,
+        minibatch_size=4, update_epochs=1, hidden=16, layers=1, heads=1, max_candidates=32,
+    )  # fmt: skip
+    ppo.train(config, run_dir, progress=False)
+    return run_dir
+
+
+def test_agent_run_optimizes_like_a_search(tiny_ppo_run, tmp_path, capsys):
+    out = tmp_path / "agent.onnx"
+    args = ("squeezenet-1.1", "--agent", str(tiny_ppo_run), "--episodes", "2", "-o", str(out))
+    summary, _ = optimize_json(capsys, *args)
+    assert_contract(summary)
+    assert summary["method"] == f"agent:{tiny_ppo_run}" and summary["episodes"] == 2
+    assert summary["expansions"] >= summary["steps"]  # rollout steps; the kept path's steps
+    report = check_equivalence(load_model(cached_path("squeezenet-1.1", "small")), load_model(out))
+    assert report.equivalent, report.reason
