@@ -403,6 +403,40 @@ class GraphRewriteEnv(gym.Env):
         """The candidates behind the action slots, in slot order."""
         return [self._candidates[index] for index in self._offered]
 
+    def candidate_observations(self) -> list[dict[str, np.ndarray]]:
+        """The observation arrays of each offered candidate's rewritten graph, in slot order:
+        the graph part (`featurize`) and `global_features` as if the candidate were applied
+        (its cost estimated by the analytic cost's change, no measurement made; the candidate
+        counts are the current graph's, since the candidate's own are not enumerated). For
+        scoring whole rewritten graphs, as X-RLflow does."""
+        if self.session is None:
+            raise RlflowError("call reset() before candidate_observations()")
+        observations = []
+        original_nodes = len(self.session.original)
+        for candidate in self.offered_candidates():
+            graph = candidate.graph
+            observation = featurize(
+                graph, self.analytic, max_nodes=self.max_nodes, max_edges=self.max_edges
+            )
+            analytic = self._analytic_cost(graph)
+            change = analytic / self._analytic_now if self._analytic_now > 0 else 1.0
+            globals_ = np.array(
+                [
+                    self._cost_now * change / self._cost0 if self._cost0 > 0 else 1.0,
+                    analytic / self._analytic0 if self._analytic0 > 0 else 1.0,
+                    min((self._steps + 1) / self._horizon(), 1.0),
+                    len(graph) / original_nodes,
+                    len(self._offered) / self.max_candidates,
+                    float(self._eligible > len(self._offered)),
+                    math.log1p(self._analytic0 * 1e3) / LOG_TIME,
+                    len(graph) / self.max_nodes,
+                ],
+                dtype=np.float32,
+            )
+            observation["global_features"] = np.clip(globals_, 0.0, GLOBAL_MAX)
+            observations.append(observation)
+        return observations
+
     def model_label(self, index: int) -> str:
         """How model `index` is named in episode states and `reset(options={"model": ...})`."""
         model = self.models[index]
@@ -471,8 +505,8 @@ class GraphRewriteEnv(gym.Env):
     def _refresh_candidates(self) -> None:
         assert self.session is not None
         self._candidates = self.session.candidates()
-        # Candidate lists hold whole rewritten graphs (with new weights: ~1 MB each on the
-        # full transformers), so the shared cache keeps only the original's and the current's.
+        # Candidate lists hold new weights (~1 MB a candidate on the full transformers), so the
+        # shared cache keeps only the original's and the current's.
         keep = {self.session.original.canonical_hash(), self.session.graph.canonical_hash()}
         cache = self.session.cache
         for digest in [d for d in cache if d not in keep]:
@@ -480,17 +514,18 @@ class GraphRewriteEnv(gym.Env):
         eligible = [
             index
             for index, candidate in enumerate(self._candidates)
-            if len(candidate.graph) <= self.max_nodes and self._fits_edges(candidate.graph)
+            if candidate.num_nodes <= self.max_nodes and self._fits_edges(candidate)
         ]
         self._eligible = len(eligible)
         names = [self._candidates[index].rule.name for index in eligible]
         self._offered = [eligible[i] for i in capped_indices(names, self.max_candidates)]
 
-    def _fits_edges(self, graph: Graph) -> bool:
-        # Counting inputs is a cheap upper bound on edges: exact counts only near the limit.
-        if sum(len(node.inputs) for node in graph.nodes) <= self.max_edges:
+    def _fits_edges(self, candidate: Candidate) -> bool:
+        # Counting inputs is a cheap upper bound on edges, known without building the graph:
+        # exact counts only near the limit.
+        if candidate.num_inputs <= self.max_edges:
             return True
-        return count_edges(graph) <= self.max_edges
+        return count_edges(candidate.graph) <= self.max_edges
 
     # ---- costs and reward -------------------------------------------------------------------
 

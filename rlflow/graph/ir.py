@@ -8,6 +8,7 @@ search can keep thousands of graphs without copying weights.
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class Value:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return int(math.prod(self.shape))
 
 
 @dataclass(eq=False)
@@ -158,6 +159,8 @@ class Graph:
         # not downstream of the change (dropped once this graph's own hashes exist).
         self._parent_hashes = _parent_hashes
         self._value_hashes: dict[str, bytes] | None = None
+        # Lookups shared by the Derivations of this graph (rlflow.graph.derive); False if none.
+        self._derivation_base: Any = None
 
     # ---- queries -------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Graph rewriting: rules (pattern, check, rewrite), rule sets and their candidates, verification.
 
 `default_ruleset()` gives the verified rules (`portable=True`: plain ONNX only), and
-`ruleset.candidates(graph)` every distinct rewrite of a graph as Candidate(rule, site, graph).
+`ruleset.candidates(graph)` every distinct rewrite of a graph as a Candidate (rule, site, and
+the rewritten graph, built when first asked for).
 """
 
 from rlflow.rewrite.rule import Emitter, Match, Replacement, RewriteRejected, Rule

@@ -123,7 +123,7 @@ class Pattern:
             candidates = graph.consumers(bound[var]) if bound[var] else []
         pattern_node = self.nodes[index]
         for node in candidates:
-            if any(node is other for other in assigned):
+            if node.op_type != pattern_node.op or any(node is other for other in assigned):
                 continue
             for extended in self._bind(graph, pattern_node, node, bound):
                 assigned[index] = node

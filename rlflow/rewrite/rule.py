@@ -14,14 +14,19 @@ import dataclasses
 import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from rlflow.graph import Graph, GraphError, Node, Value, fresh_name, topological_order
+from rlflow.graph.derive import Derivation
+from rlflow.graph.ir import _outer_scope_inputs
 from rlflow.rewrite.pattern import Pattern
+
+if TYPE_CHECKING:
+    from rlflow.rewrite.memo import RewriteMemo
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 # Constants up to this size are handed to ONNX shape inference as data (Reshape's shape, ...).
@@ -230,27 +235,44 @@ class Rule:
             return index.graph.nodes
         return index.nodes_of(self.anchor_ops)
 
-    def sites(self, graph: Graph, index: GraphIndex | None = None) -> Iterator[Match]:
+    def sites(
+        self, graph: Graph, index: GraphIndex | None = None, memo: RewriteMemo | None = None
+    ) -> Iterator[Match]:
         """Every match in `graph` that passes the check, anchors in graph order.
 
-        `index` shares per-graph lookups between the rules of a RuleSet.
+        `index` shares per-graph lookups between the rules of a RuleSet; `memo` reuses an
+        anchor's sites from the graph before, where the graph answers alike.
         """
         index = index if index is not None and index.graph is graph else GraphIndex(graph)
         for anchor in self.anchors(index):
-            seen: set[frozenset[int]] = set()
-            for match in self.matches(graph, anchor):
-                if self.reason(graph, match) is not None:
+            if memo is None:
+                yield from self.anchor_sites(graph, anchor)
+            else:
+                yield from memo.sites(self, graph, anchor)
+
+    def anchor_sites(self, graph: Graph, anchor: Node) -> list[Match]:
+        """The matches at one anchor that pass the check."""
+        found = []
+        seen: set[frozenset[int]] = set()
+        for match in self.matches(graph, anchor):
+            if self.reason(graph, match) is not None:
+                continue
+            if self.distinct_sites:
+                nodes = frozenset(id(node) for node in (*match.nodes, *match.keep))
+                if nodes in seen:
                     continue
-                if self.distinct_sites:
-                    nodes = frozenset(id(node) for node in (*match.nodes, *match.keep))
-                    if nodes in seen:
-                        continue
-                    seen.add(nodes)
-                yield match
+                seen.add(nodes)
+            found.append(match)
+        return found
 
     def apply(self, graph: Graph, match: Match) -> Graph:
         """The rewritten graph; raises RewriteRejected if the result would be invalid."""
         return apply_replacement(graph, match, self.rewrite(graph, match))
+
+    def derive(self, graph: Graph, match: Match) -> Derivation:
+        """`apply` without building the graph yet: the result's hash and size now, and the
+        same graph as `apply`'s from `.graph()`; raises RewriteRejected where `apply` does."""
+        return derive_replacement(graph, match, self.rewrite(graph, match))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -326,6 +348,7 @@ class GraphIndex:
         self._position: dict[int, int] | None = None
         self._fitting: dict[tuple, list[Node]] = {}
         self._input_ops: dict[int, tuple[str | None, ...]] = {}
+        self._by_signature: dict[str, dict[tuple[str | None, ...], list[Node]]] = {}
 
     def nodes_of(self, ops: Sequence[str]) -> list[Node]:
         if len(ops) == 1:
@@ -354,13 +377,28 @@ class GraphIndex:
         nodes = self._fitting.get(key)
         if nodes is None:
             orders = [needs, needs[::-1]] if commutative and len(needs) == 2 else [needs]
-            nodes = [
-                node
-                for node in self.by_op.get(op, ())
-                if any(_fits(self.input_ops(node), order) for order in orders)
+            # Test each distinct input-op signature once, not every node (few signatures).
+            groups = [
+                group
+                for ops, group in self._signatures(op).items()
+                if any(_fits(ops, order) for order in orders)
             ]
+            if len(groups) == 1:
+                nodes = groups[0]
+            else:
+                nodes = sorted((node for group in groups for node in group), key=self.position)
             self._fitting[key] = nodes
         return nodes
+
+    def _signatures(self, op: str) -> dict[tuple[str | None, ...], list[Node]]:
+        """The nodes of type `op` by their `input_ops`, each list in graph order."""
+        groups = self._by_signature.get(op)
+        if groups is None:
+            groups = {}
+            for node in self.by_op.get(op, ()):
+                groups.setdefault(self.input_ops(node), []).append(node)
+            self._by_signature[op] = groups
+        return groups
 
 
 def _fits(ops: tuple[str | None, ...], needs: Sequence[str | None]) -> bool:
@@ -384,6 +422,22 @@ def apply_replacement(graph: Graph, match: Match, replacement: Replacement) -> G
     nodes, values, renames = prepare_replacement(graph, match, replacement)
     try:
         return graph.replaced(
+            removed=match.nodes,
+            added=nodes,
+            initializers=replacement.initializers,
+            values=values.values(),
+            renames=renames,
+        )
+    except GraphError as error:
+        raise RewriteRejected(str(error)) from None
+
+
+def derive_replacement(graph: Graph, match: Match, replacement: Replacement) -> Derivation:
+    """`apply_replacement` as a Derivation (the graph is built when asked)."""
+    nodes, values, renames = prepare_replacement(graph, match, replacement)
+    try:
+        return Derivation(
+            graph,
             removed=match.nodes,
             added=nodes,
             initializers=replacement.initializers,
@@ -450,7 +504,10 @@ def _infer_values(
     """A Value for every output of the new nodes; outputs taking over a name must keep its type."""
     old_names = set(takeover.values())
     known: dict[str, Value] = {}
-    available = set(graph.values) | set(replacement.initializers) | {""}
+    # Only the new nodes' own names matter to their order; asking the graph about those alone
+    # lets a rewrite be reused on another graph that answers alike (RewriteMemo).
+    names = {n for node in nodes for n in (*node.inputs, *node.outputs, *_outer_scope_inputs(node))}
+    available = {n for n in names if n in graph.values or n in replacement.initializers} | {""}
     try:
         ordered = topological_order(nodes, available - old_names)
     except GraphError as error:

@@ -10,23 +10,51 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlflow.graph import Graph
+from rlflow.graph.derive import Derivation
 from rlflow.rewrite.rule import GraphIndex, Match, RewriteRejected, Rule
+
+if TYPE_CHECKING:
+    from rlflow.rewrite.memo import RewriteMemo
 
 
 @dataclass(frozen=True, eq=False)
 class Candidate:
     """One applicable rewrite: the rule, its site (indices into the source graph's nodes,
-    anchor first) and the rewritten graph."""
+    anchor first) and the rewritten graph.
+
+    The graph is built on first use of `graph`: an enumeration offers many candidates and an
+    agent takes one, while `graph_hash`, `num_nodes` and `num_inputs` come without building it.
+    """
 
     rule: Rule
     site: tuple[int, ...]
-    graph: Graph
+    result: Derivation
 
     @property
     def action(self) -> str:
         return self.rule.name
+
+    @property
+    def graph(self) -> Graph:
+        return self.result.graph()
+
+    @property
+    def graph_hash(self) -> str:
+        """`graph.canonical_hash()`."""
+        return self.result.hash
+
+    @property
+    def num_nodes(self) -> int:
+        """`len(graph)`."""
+        return self.result.num_nodes
+
+    @property
+    def num_inputs(self) -> int:
+        """The total length of the graph's node input lists (a bound on its edges)."""
+        return self.result.num_inputs
 
 
 class RuleSet:
@@ -65,31 +93,40 @@ class RuleSet:
             if (not portable or rule.portable) and (wanted is None or rule.name in wanted)
         )
 
-    def sites(self, graph: Graph) -> list[tuple[Rule, Match]]:
+    def sites(self, graph: Graph, memo: RewriteMemo | None = None) -> list[tuple[Rule, Match]]:
         """Every (rule, match) that passes its check, without applying any."""
         index = GraphIndex(graph)
-        return [(rule, match) for rule in self.rules for match in rule.sites(graph, index)]
+        return [(rule, match) for rule in self.rules for match in rule.sites(graph, index, memo)]
 
-    def candidates(self, graph: Graph, max_ops: int | None = None) -> list[Candidate]:
+    def candidates(
+        self, graph: Graph, max_ops: int | None = None, memo: RewriteMemo | None = None
+    ) -> list[Candidate]:
         """Every distinct rewritten graph, one per result hash.
 
         Args:
             graph: the current graph.
             max_ops: reject results with more operators than this; default twice the
                 current graph's count (a session passes twice its original graph's).
+            memo: reuses the sites and rewrites of the previous call where the graph answers
+                alike (the same candidates, found with less matching and fewer new weights).
         """
         limit = 2 * len(graph) if max_ops is None else max_ops
         position = {id(node): index for index, node in enumerate(graph.nodes)}
         seen = {graph.canonical_hash()}
         candidates = []
-        for rule, match in self.sites(graph):
+        if memo is not None:
+            memo.start()
+        for rule, match in self.sites(graph, memo):
             try:
-                result = rule.apply(graph, match)
+                if memo is None:
+                    result = rule.derive(graph, match)
+                else:
+                    result = memo.derive(rule, graph, match)
             except RewriteRejected:
                 continue
-            if len(result) > limit:
+            if result.num_nodes > limit:
                 continue
-            digest = result.canonical_hash()
+            digest = result.hash
             if digest in seen:
                 continue
             seen.add(digest)

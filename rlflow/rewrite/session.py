@@ -13,6 +13,7 @@ from typing import Any
 from rlflow.cost import EquivalenceReport, check_equivalence
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
+from rlflow.rewrite.memo import RewriteMemo
 from rlflow.rewrite.ruleset import Candidate, RuleSet, default_ruleset
 
 
@@ -92,6 +93,7 @@ class RewriteSession:
         model: str = "",
         max_ops: int | None = None,
         _cache: CandidateCache | None = None,
+        _memo: RewriteMemo | None = None,
     ) -> None:
         self.original = graph
         self.graph = graph
@@ -100,6 +102,8 @@ class RewriteSession:
         self.max_ops = 2 * len(graph) if max_ops is None else max_ops
         self.actions: list[Action] = []
         self._cache: CandidateCache = {} if _cache is None else _cache
+        # The rewrites of the last enumeration, reused by the next (shared with forks too).
+        self._memo = RewriteMemo() if _memo is None else _memo
 
     def __repr__(self) -> str:
         return (
@@ -110,8 +114,15 @@ class RewriteSession:
     @property
     def cache(self) -> CandidateCache:
         """The candidate cache (graph hash -> (graph, candidates)), shared with forks; a user
-        may delete entries to bound memory (candidates hold whole rewritten graphs)."""
+        may delete entries to bound memory (candidates hold their new weights, and their
+        rewritten graphs once built)."""
         return self._cache
+
+    @property
+    def memo(self) -> RewriteMemo:
+        """The sites and rewrites of the last enumeration, reused by the next (shared with
+        forks); `memo.reused` and `memo.computed` count its hits and misses."""
+        return self._memo
 
     def candidates(self, graph: Graph | None = None) -> list[Candidate]:
         """The candidate rewrites of the current graph (or of `graph`), in the ruleset's
@@ -126,7 +137,8 @@ class RewriteSession:
         digest = graph.canonical_hash()
         cached = self._cache.get(digest)
         if cached is None:
-            cached = (graph, self.ruleset.candidates(graph, max_ops=self.max_ops))
+            candidates = self.ruleset.candidates(graph, max_ops=self.max_ops, memo=self._memo)
+            cached = (graph, candidates)
             self._cache[digest] = cached
         elif current and cached[0] is not self.graph:
             self.graph = cached[0]
@@ -141,16 +153,19 @@ class RewriteSession:
 
     def apply_candidate(self, candidate: Candidate) -> Graph:
         """Apply a candidate of the current graph (as returned by `candidates()`)."""
-        self.actions.append(
-            Action(candidate.rule.name, candidate.site, candidate.graph.canonical_hash())
-        )
+        self.actions.append(Action(candidate.rule.name, candidate.site, candidate.graph_hash))
         self.graph = candidate.graph
         return self.graph
 
     def fork(self) -> RewriteSession:
         """An independent copy at the same point: its own action list, the same cache."""
         other = RewriteSession(
-            self.original, self.ruleset, model=self.model, max_ops=self.max_ops, _cache=self._cache
+            self.original,
+            self.ruleset,
+            model=self.model,
+            max_ops=self.max_ops,
+            _cache=self._cache,
+            _memo=self._memo,
         )
         other.graph = self.graph
         other.actions = list(self.actions)
@@ -192,12 +207,10 @@ class RewriteSession:
         for step, action in enumerate(state.actions, start=1):
             of_rule = [c for c in session.candidates() if c.rule.name == action.rule]
             at_site = next((c for c in of_rule if c.site == action.site), None)
-            if at_site is not None and at_site.graph.canonical_hash() == action.graph_hash:
+            if at_site is not None and at_site.graph_hash == action.graph_hash:
                 session.apply_candidate(at_site)
                 continue
-            same_result = next(
-                (c for c in of_rule if c.graph.canonical_hash() == action.graph_hash), None
-            )
+            same_result = next((c for c in of_rule if c.graph_hash == action.graph_hash), None)
             if same_result is not None:
                 session.apply_candidate(same_result)  # recorded with its site in this order
                 continue
@@ -205,7 +218,7 @@ class RewriteSession:
             if at_site is None:
                 raise RlflowError(f"replay: {where} is not a candidate of the graph at that point")
             raise RlflowError(
-                f"replay: {where} gave hash {at_site.graph.canonical_hash()[:12]}, "
+                f"replay: {where} gave hash {at_site.graph_hash[:12]}, "
                 f"the episode recorded {action.graph_hash[:12]}"
             )
         final = session.graph.canonical_hash()

@@ -71,7 +71,7 @@ def search(
         expansions += 1
         progress.update(1)
         for candidate in candidates:
-            digest = candidate.graph.canonical_hash()
+            digest = candidate.graph_hash  # known without building the graph
             if digest in seen:
                 continue
             seen.add(digest)

@@ -71,3 +71,31 @@ def test_incremental_hash_of_derived_graphs_equals_a_fresh_hash():
                 grandchild.opset,
             )
             assert grandchild.canonical_hash() == fresh.canonical_hash()
+
+
+def test_the_hash_is_the_plainly_written_definition():
+    """hashing.py spells `digest` out for speed; the bytes hashed must stay exactly these."""
+    from rlflow.graph.hashing import COMMUTATIVE, _node_digest, array_digest, digest
+    from rlflow.zoo import cached_path
+
+    def plain(graph) -> str:
+        value_hash = {"": digest("absent")}
+        for position, value in enumerate(graph.inputs):
+            value_hash[value.name] = digest(
+                "input", str(position), str(value.dtype), str(value.shape)
+            )
+        for name, array in graph.initializers.items():
+            value_hash[name] = digest("const", array_digest(array))
+        for node in graph.nodes:
+            inputs = [value_hash[name] for name in node.inputs]
+            if node.domain in ("", "ai.onnx") and node.op_type in COMMUTATIVE:
+                inputs.sort()
+            node_hash = digest(_node_digest(node), b"|", *inputs)
+            for index, out in enumerate(node.outputs):
+                if out:
+                    value_hash[out] = digest(node_hash, str(index))
+        return digest(*(value_hash[value.name] for value in graph.outputs)).hex()
+
+    for name in ("bert", "inception-v3", "mini-dalle"):
+        graph = load_model(cached_path(name, "small"))
+        assert graph.canonical_hash() == plain(graph)
