@@ -78,6 +78,7 @@ LOG_TIME = 15.0  # log1p(3.3e6 us) = 15: over a second per node or graph
 GLOBAL_MAX = 10.0  # bound of the global features: a graph ten times slower is already absurd
 
 COST_SOURCES = ("analytic", "perop", "e2e", "e2e-sparse")
+REWARD_MEASURE_S = 0.5  # timed seconds per graph of an end-to-end reward measurement
 DEFAULT_MODELS = ("squeezenet-1.1",)
 DEFAULT_HORIZON = 50
 _FLOAT_TYPES = frozenset(
@@ -153,7 +154,7 @@ class GraphRewriteEnv(gym.Env):
 
     - `"analytic"`: the roofline model (`AnalyticCostModel`), every step; cheap, noise-free.
     - `"perop"`: the per-op measured model (`PerOpCostModel`, TASO's), every step.
-    - `"e2e"`: the end-to-end latency measured in onnxruntime (`Runner.measure().min_ms`),
+    - `"e2e"`: the end-to-end latency measured in onnxruntime (`Runner.measure().low_ms`),
       every step.
     - `"e2e-sparse"`: X-RLflow's variant. C_t is measured end to end at reset, every
       `measure_every` steps, on the step that ends the episode (stop, no candidate left)
@@ -255,7 +256,11 @@ class GraphRewriteEnv(gym.Env):
         self.analytic = AnalyticCostModel()
         settings = OrtSettings(threads=1, ort_level=ort_level)
         needs_runner = cost in ("e2e", "e2e-sparse")
-        self.runner = runner if runner is not None else (Runner(settings) if needs_runner else None)
+        if runner is None and needs_runner:
+            # A reward is measured on every (e2e) or every Nth (e2e-sparse) step: a fixed half
+            # second of timed runs per graph, not the final measurements' adaptive 1-10 s.
+            runner = Runner(settings, min_time_s=REWARD_MEASURE_S)
+        self.runner = runner
         self.perop_model = perop_model
         self._owns_perop = cost == "perop" and perop_model is None
         if self._owns_perop:
@@ -582,7 +587,7 @@ class GraphRewriteEnv(gym.Env):
         if cost is None:
             assert self.runner is not None
             built = self.runner.sessions_built
-            cost = self.runner.measure(graph).min_ms
+            cost = self.runner.measure(graph).low_ms
             self.real_measurements += self.runner.sessions_built - built
             self._measured_ms[digest] = cost
         return cost

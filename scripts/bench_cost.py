@@ -1,10 +1,14 @@
 #!/usr/bin/env python
 """How good are the cost models, and how stable is the latency measurement, on given models?
 
-For each model and ORT level it prints, as one markdown table: the end-to-end latency (min and
-median over interleaved runs), the per-op measured sum and its error against that latency,
-the analytic roofline floor, and the stability of the method: the ratio of the model measured
-against itself, repeated (min / median / max; the target is 1 +- 0.03). Progress goes to stderr.
+For each model and ORT level it prints, as one markdown table: the end-to-end latency (min,
+low -- the k-th smallest run the Runner compares, k = --low-rank -- and median over interleaved
+runs), the per-op measured sum and its error against the minimum, the analytic roofline
+floor, and the stability of the method: the ratio of the model measured against itself,
+repeated (min / median / max over the repetitions; the target is 1 +- 0.03), by the low
+statistic (what comparisons use), by the minimum (what they used before) and as the median of
+per-pair ratios; plus the 1-minute load average seen during those repetitions. Progress goes
+to stderr.
 
     python scripts/bench_cost.py resnet-18 bert path/to/model.onnx --size small
 """
@@ -12,6 +16,7 @@ against itself, repeated (min / median / max; the target is 1 +- 0.03). Progress
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -22,6 +27,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from rlflow.cost import AnalyticCostModel, OrtSettings, PerOpCostModel, Runner, machine_peaks
+from rlflow.cost.runner import LOW_RANK
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph, load_model
 
@@ -33,12 +39,17 @@ class Row:
     ort_level: str
     threads: int
     e2e_min_ms: float
+    e2e_low_ms: float
     e2e_median_ms: float
     perop_ms: float
     perop_fallbacks: int
     floor_ms: float
     self_ratios: list[float]
+    """By the low statistic (`Comparison.ratios`)."""
+    self_min_ratios: list[float]
     self_pair_ratios: list[float]
+    loads: list[float]
+    """The 1-minute load average after each repetition."""
 
     @property
     def perop_error_pct(self) -> float:
@@ -47,23 +58,38 @@ class Row:
     def markdown(self) -> str:
         return (
             f"| {self.model} | {self.nodes} | {self.ort_level} | {self.threads} "
-            f"| {self.e2e_min_ms:.3f} | {self.e2e_median_ms:.3f} | {self.perop_ms:.3f} "
-            f"| {self.perop_error_pct:+.1f} | {self.perop_fallbacks} | {self.floor_ms:.3f} "
-            f"| {100 * self.floor_ms / self.e2e_min_ms:.1f} | {_spread(self.self_ratios)} "
-            f"| {_spread(self.self_pair_ratios)} |"
+            f"| {self.e2e_min_ms:.3f} | {self.e2e_low_ms:.3f} | {self.e2e_median_ms:.3f} "
+            f"| {self.perop_ms:.3f} | {self.perop_error_pct:+.1f} | {self.perop_fallbacks} "
+            f"| {self.floor_ms:.3f} | {100 * self.floor_ms / self.e2e_min_ms:.1f} "
+            f"| {_spread(self.self_ratios)} | {_spread(self.self_min_ratios)} "
+            f"| {_spread(self.self_pair_ratios)} | {min(self.loads):.1f}-{max(self.loads):.1f} |"
         )
 
 
-HEADER = (
-    "| model | nodes | ort-level | threads | e2e min ms | e2e median ms | per-op sum ms "
-    "| per-op err % | per-op fallbacks | analytic floor ms | floor % of e2e "
-    "| self-ratio of mins: min / median / max | self-ratio, median of pairs: min / median / max |\n"
-    "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
-)
+def header(low_rank: int) -> str:
+    low = _ordinal(low_rank)
+    return (
+        f"| model | nodes | ort-level | threads | e2e min ms | e2e {low}-smallest ms "
+        "| e2e median ms | per-op sum ms | per-op err % vs min | per-op fallbacks "
+        "| analytic floor ms | floor % of e2e min "
+        f"| self-ratio of {low}-smallest: min / median / max "
+        "| self-ratio of mins: min / median / max "
+        "| self-ratio, median of pairs: min / median / max | load (1-min avg) |\n"
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"
+    )
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _spread(ratios: list[float]) -> str:
     return f"{min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}"
+
+
+def _loads(loads: tuple[float, float, float]) -> str:
+    return " / ".join(f"{load:.2f}" for load in loads)
 
 
 def progress(message: str) -> None:
@@ -88,16 +114,23 @@ def bench(label: str, graph: Graph, settings: OrtSettings, args: argparse.Namesp
         runs=args.runs,
         min_time_s=args.min_time,
         block=args.block,
+        low_rank=args.low_rank,
     )
-    ratios, pair_ratios, minima, medians = [], [], [], []
+    ratios, min_ratios, pair_ratios, minima, lows, medians, loads = [], [], [], [], [], [], []
     for rep in range(args.reps):
         comparison = runner.compare([graph, graph], use_cache=False)
+        first, second = comparison.measurements
         ratios.append(comparison.ratios[1])
+        min_ratios.append(second.min_ms / first.min_ms)
         pair_ratios.append(comparison.pair_ratio_medians[1])
         minima += [m.min_ms for m in comparison.measurements]
+        lows += [m.low_ms for m in comparison.measurements]
         medians += [m.median_ms for m in comparison.measurements]
+        loads.append(os.getloadavg()[0])
         progress(
-            f"{label} {settings.ort_level}: self-ratio {rep + 1}/{args.reps} = {ratios[-1]:.3f}"
+            f"{label} {settings.ort_level}: self-ratio {rep + 1}/{args.reps}: "
+            f"low {ratios[-1]:.3f}, min {min_ratios[-1]:.3f}, pairs {pair_ratios[-1]:.3f} "
+            f"({first.runs} runs/graph, load {loads[-1]:.2f})"
         )
     started = time.perf_counter()
     perop = PerOpCostModel(settings, runs=args.perop_runs).report(graph)
@@ -113,12 +146,15 @@ def bench(label: str, graph: Graph, settings: OrtSettings, args: argparse.Namesp
         ort_level=settings.ort_level,
         threads=settings.threads,
         e2e_min_ms=min(minima),
+        e2e_low_ms=statistics.median(lows),
         e2e_median_ms=statistics.median(medians),
         perop_ms=perop.total_ms,
         perop_fallbacks=perop.fallback_nodes,
         floor_ms=floor,
         self_ratios=ratios,
+        self_min_ratios=min_ratios,
         self_pair_ratios=pair_ratios,
+        loads=loads,
     )
 
 
@@ -137,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         help="least timed seconds per graph and compare (default: the Runner's adaptive stop)",
     )
     parser.add_argument("--block", type=int, default=5, help="runs per interleaved block")
+    parser.add_argument(
+        "--low-rank",
+        type=int,
+        default=LOW_RANK,
+        help=f"compare the k-th smallest run (default {LOW_RANK}; 1: the minimum)",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per graph")
     parser.add_argument("--perop-runs", type=int, default=10, help="timed runs per operator")
     parser.add_argument(
@@ -146,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    load_at_start = os.getloadavg()
     try:
         levels = [
             OrtSettings(threads=args.threads, ort_level=level) for level in args.levels.split(",")
@@ -168,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         f"onnxruntime {ort.__version__}, provider {levels[0].resolved().provider}; "
         f"peaks at {args.threads} thread(s): {peaks.gflops:.1f} GFLOP/s fp32 matmul, "
         f"{peaks.gbps:.1f} GB/s DRAM, {peaks.cache_gbps or peaks.gbps:.1f} GB/s in cache "
-        f"(operators moving up to {peaks.cache_bytes / 2**20:.0f} MiB)\n"
+        f"(operators moving up to {peaks.cache_bytes / 2**20:.0f} MiB); "
+        f"load average (1/5/15 min) at start {_loads(load_at_start)}, "
+        f"at end {_loads(os.getloadavg())}\n"
     )
-    print(HEADER)
+    print(header(args.low_rank))
     for row in rows:
         print(row.markdown())
     return 0

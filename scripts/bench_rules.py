@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"| {name} | {len(graph)} | {len(candidates)} | {n_portable} "
                     f"| {rules_used} | {enumerate_s:.2f} | {level} "
-                    f"| {confirm.measurements[0].min_ms:.2f} | {improving} "
+                    f"| {confirm.measurements[0].low_ms:.2f} | {improving} "
                     f"| {candidates[best].rule.name} | {speedups[best]:.3f} "
                     f"| {confirm.speedups[1]:.3f} |",
                     flush=True,

@@ -46,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         metavar="S",
         help="timed seconds per graph in the final measurements (default: adaptive, 1-10 s "
-        "until every graph's minimum settles)",
+        "until every graph's 3rd-smallest run settles)",
     )
     add_ort_arguments(parser)
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="optimised .onnx")
@@ -63,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
         check_options,
         check_result,
         expansion_total,
-        make_runner,
         print_summary,
         run_method,
         summarize,
@@ -72,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from rlflow.cost import OrtSettings
     from rlflow.errors import RlflowError
+    from rlflow.search import default_runner
 
     started = time.perf_counter()
     if args.min_time is not None and args.min_time < 0:
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
             label,
             settings,
             options,
-            runner=make_runner(settings, args.min_time),
+            runner=default_runner(settings, args.min_time),
             progress=bar,
         )
     report = check_result(original, result)

@@ -56,12 +56,6 @@ class SearchOptions:
     """Agents: zoo size for the env (when MODEL is a zoo name)."""
 
 
-def make_runner(settings: OrtSettings, min_time_s: float | None = None) -> Runner:
-    """The Runner of the final measurements: adaptive (each graph's minimum settles, 1-10 s of
-    timed runs per graph) unless `min_time_s` fixes the timed time per graph."""
-    return Runner(settings, runs=30, min_time_s=min_time_s)
-
-
 def check_options(options: SearchOptions) -> None:
     """Raise RlflowError on option values no method accepts."""
     if options.budget is not None and options.budget < 1:

@@ -26,11 +26,11 @@ DEFAULT_TOP_K = 3
 """How many of the best distinct graphs (by cost) are measured end to end with the original."""
 
 
-def default_runner(settings: OrtSettings) -> Runner:
-    """The Runner of the final measurement: a full second of timed runs per graph (up to 5000
-    runs), since on a loaded machine a minimum over a quarter second still swings by tens of
-    percent for a model of a few milliseconds."""
-    return Runner(settings, runs=50, min_time_s=1.0)
+def default_runner(settings: OrtSettings, min_time_s: float | None = None) -> Runner:
+    """The Runner of the final measurements: adaptive (each graph's low statistic settles,
+    1-10 s of timed runs per graph; see `rlflow.cost.runner.AdaptiveStop`) unless `min_time_s`
+    fixes the timed time per graph. Search, optimize and bench all time their results so."""
+    return Runner(settings, runs=30, min_time_s=min_time_s)
 
 
 class Progress(Protocol):
@@ -58,7 +58,7 @@ class Finalist:
 
     graph_hash: str
     cost: float
-    min_ms: float
+    low_ms: float
     speedup: float
     steps: int
 
@@ -70,8 +70,9 @@ class SearchResult:
     `graph` is the fastest measured of the finalists, if a confirmation run found it faster
     than the original too (else the original); `state` replays it from the original
     (`RewriteSession.replay`). Costs are in the search's cost model; `original_ms`,
-    `optimized_ms` and `speedup` come from one interleaved end-to-end run: the confirmation
-    run when there was one, else the selection run. `finalists` are the selection run's.
+    `optimized_ms` (each graph's `Measurement.low_ms`, its 3rd-smallest run) and `speedup`
+    come from one interleaved end-to-end run: the confirmation run when there was one, else
+    the selection run. `finalists` are the selection run's.
     """
 
     method: str
@@ -207,7 +208,7 @@ def finish(
         Finalist(
             graph_hash=measurement.graph_hash,
             cost=graph_cost,
-            min_ms=measurement.min_ms,
+            low_ms=measurement.low_ms,
             speedup=speedup,
             steps=len(finalist.actions),
         )
@@ -236,8 +237,8 @@ def finish(
         cost_model=cost.name,
         expansions=expansions,
         evaluated=cost.evaluations,
-        original_ms=final.measurements[0].min_ms,
-        optimized_ms=measurement.min_ms,
+        original_ms=final.measurements[0].low_ms,
+        optimized_ms=measurement.low_ms,
         speedup=1.0 if winner == 0 else final.speedups[winner],
         search_s=search_s,
         measure_s=time.perf_counter() - measure_started,

@@ -83,7 +83,7 @@ def make_cost(name: str = "analytic", settings: OrtSettings | None = None) -> Se
                 # first graph is the original, which would then look easy to beat.
                 runner.measure(graph, use_cache=False)
                 warmed = True
-            return runner.measure(graph, use_cache=False).min_ms
+            return runner.measure(graph, use_cache=False).low_ms
 
         return SearchCost(name, e2e_ms, settings)
     raise RlflowError(f"unknown cost model {name!r}; choose one of {', '.join(COST_MODELS)}")

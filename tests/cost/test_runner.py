@@ -1,4 +1,5 @@
-"""The Runner ranks graphs within one interleaved run and caches by graph hash and settings."""
+"""The Runner ranks graphs within one interleaved run and caches by graph hash and settings;
+its statistic (the 3rd-smallest run) and stopping rule are tested on synthetic times."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from rlflow.cost import OrtSettings, Runner
-from rlflow.cost.runner import AdaptiveStop
+from rlflow.cost import Measurement, OrtSettings, Runner
+from rlflow.cost.runner import (
+    CACHE_VERSION,
+    LOW_RANK,
+    AdaptiveStop,
+    compare_times,
+    kth_smallest,
+    measurement_of,
+)
+from rlflow.cost.source import ModelSource
 from rlflow.errors import RlflowError
 from rlflow.graph import load_model
 
@@ -52,7 +61,7 @@ def test_interleaved_runs_and_named_settings(plain_and_heavy):
     comparison = runner.compare([plain, load_model(plain)])
     for measurement in comparison.measurements:
         assert measurement.runs == 9  # rounded up to whole blocks
-        assert 0 < measurement.min_ms <= measurement.median_ms
+        assert 0 < measurement.min_ms <= measurement.low_ms <= measurement.median_ms
         assert (measurement.ort_level, measurement.threads) == ("disable", 1)
         assert measurement.provider in ("cpu", "cuda")
 
@@ -67,7 +76,9 @@ def test_results_cached_in_memory_and_on_disk(plain_and_heavy, tmp_path):
     assert runner.measure(plain) == first
     assert runner.compare([plain, heavy]) == comparison
     assert runner.sessions_built == built
-    assert len(json.loads(cache_path.read_text())) == 2
+    entries = json.loads(cache_path.read_text())
+    assert len(entries) == 2
+    assert all(key.startswith(f"{CACHE_VERSION}|") for key in entries)
 
     reloaded = Runner(runs=5, min_time_s=0.02, cache_path=cache_path)
     assert reloaded.measure(plain) == first
@@ -192,3 +203,116 @@ def test_default_runner_is_adaptive_and_fixed_time_still_works(plain_and_heavy):
         Runner(min_time_s=-1.0)
     with pytest.raises(RlflowError, match="adaptive"):
         Runner(stop=AdaptiveStop(min_time_s=2.0, max_time_s=1.0))
+
+
+def test_old_cache_entries_without_low_ms_are_timed_again(plain_and_heavy, tmp_path):
+    """An entry written before `low_ms` existed (here planted under the current key) is not
+    read as if its minimum were the low statistic: the graph is timed again."""
+    plain, _ = plain_and_heavy
+    cache_path = tmp_path / "runner.json"
+    runner = Runner(runs=5, min_time_s=0, cache_path=cache_path)
+    key = runner._key("measure", [ModelSource(plain).graph_hash])
+    old = dict(graph_hash="h", min_ms=1.0, median_ms=2.0, runs=5, threads=1)
+    cache_path.write_text(json.dumps({key: {**old, "ort_level": "all", "provider": "cpu"}}))
+    reloaded = Runner(runs=5, min_time_s=0, cache_path=cache_path)
+    measurement = reloaded.measure(plain)
+    assert reloaded.sessions_built == 1
+    assert measurement.graph_hash != "h" and measurement.low_ms is not None
+    assert json.loads(cache_path.read_text())[key]["low_ms"] == measurement.low_ms
+    # The statistic is part of the key, and the adaptive rule follows the Runner's rank.
+    assert Runner(low_rank=1)._key("m", ["h"]) != Runner()._key("m", ["h"])
+    assert Runner(low_rank=5).stop.rank == 5 and Runner().stop.rank == LOW_RANK
+    with pytest.raises(RlflowError, match="low_rank"):
+        Runner(low_rank=0)
+
+
+# ---- the compared statistic, on synthetic times (no timing involved) -------------------------
+
+
+SETTINGS = OrtSettings().resolved()
+
+
+def compare(*times, rank=LOW_RANK):
+    """A Comparison of graphs with these synthetic times (ms)."""
+    measurements = [measurement_of(f"g{i}", t, SETTINGS, rank) for i, t in enumerate(times)]
+    return compare_times(times, measurements)
+
+
+def test_kth_smallest():
+    assert kth_smallest([5.0, 1.0, 4.0, 2.0, 3.0]) == 3.0  # the 3rd smallest by default
+    assert kth_smallest([5.0, 1.0, 4.0, 2.0, 3.0], 1) == 1.0
+    assert kth_smallest([2.0, 1.0, 1.0, 7.0], 3) == 2.0  # ties count as runs
+    assert kth_smallest([2.0, 1.0], 3) == 2.0  # fewer runs than the rank: the largest
+    with pytest.raises(ValueError):
+        kth_smallest([])
+    with pytest.raises(ValueError):
+        kth_smallest([1.0], 0)
+
+
+def test_measurement_reports_min_low_and_median():
+    measurement = measurement_of("g", [9.0, 12.0, 10.0, 30.0, 11.0], SETTINGS)
+    assert (measurement.min_ms, measurement.low_ms, measurement.median_ms) == (9.0, 11.0, 11.0)
+    assert measurement.runs == 5 and measurement.threads == SETTINGS.threads
+    # Built by hand without the low statistic (e.g. from a single time), low is the minimum.
+    assert Measurement("g", 4.0, 5.0, 1, 1, "all", "cpu").low_ms == 4.0
+
+
+def busy(n=40, base=10.0):
+    """Runs of a loaded machine: the quiet level `base`, mostly slowed 1.5-2.4 times."""
+    return [base * (1.0 + 0.1 * ((7 * k) % 15)) if k % 4 else base for k in range(n)]
+
+
+def test_a_single_lucky_run_does_not_flip_the_ratio():
+    a = busy()
+    b = list(a)
+    b[17] = 5.0  # one run of b found the core free for once: half the quiet level
+    by_low = compare(a, b)
+    assert by_low.ratios == (1.0, 1.0) and by_low.speedups == (1.0, 1.0)
+    assert by_low.fastest() == 0  # a tie keeps the reference
+    assert by_low.measurements[1].min_ms == 5.0  # the minimum is still reported
+    by_min = compare(a, b, rank=1)  # what comparing minima made of it
+    assert by_min.ratios[1] == 0.5 and by_min.fastest() == 1
+    # The pair median ignores it too (one pair of 40).
+    assert by_low.pair_ratio_medians[1] == 1.0
+
+
+def test_a_really_faster_graph_still_wins_despite_a_lucky_run_of_the_other():
+    a = busy()
+    a[3] = 5.0  # a's lucky run
+    b = [0.95 * t for t in busy()]  # b is 5% faster in every run
+    comparison = compare(a, b)
+    assert comparison.ratios[1] == pytest.approx(0.95)
+    assert comparison.speedups[1] == pytest.approx(1 / 0.95)
+    assert comparison.fastest() == 1
+    assert compare(a, b, rank=1).fastest() == 0  # by the minimum, the wrong one
+    # Two lucky runs are still not enough; three are (the rank is 3).
+    c = list(busy())
+    c[5] = c[9] = 5.0
+    assert compare(busy(), c).ratios[1] == 1.0
+    c[13] = 5.0
+    assert compare(busy(), c).ratios[1] == 0.5
+
+
+def one_lucky_run(at_round: int, block: int = 5):
+    """One graph at 1 ms per run, but for one run at 0.5 ms in round `at_round`."""
+    for number in itertools.count(1):
+        yield [[0.5 if number == at_round and run == block // 2 else 1.0 for run in range(block)]]
+
+
+def test_adaptive_stop_a_single_lucky_run_does_not_restart_the_patience():
+    stop = rule(min_time_s=0.048)
+    assert feed(stop, one_lucky_run(8)) == 10  # the 3rd smallest never moved
+    assert stop.lows[0][-1] == 1.0
+    assert feed(rule(min_time_s=0.048, rank=1), one_lucky_run(8)) == 12  # the minimum did
+    # Three fast runs in round 8 move the 3rd smallest: unsettled until round 12, as a drop.
+    assert feed(rule(min_time_s=0.048), flat_then(1.0, 8, 0.98)) == 12
+
+
+def test_adaptive_stop_is_never_settled_before_rank_runs():
+    quick = dict(min_time_s=0.0, min_runs=1, patience=1)
+    ones = ([[1.0]] for _ in itertools.count())
+    assert feed(rule(**quick, rank=1), ones) == 2  # one round of history, then settled
+    stop = rule(**quick)
+    assert feed(stop, ([[1.0]] for _ in itertools.count())) == 4  # rank 3: defined at round 3
+    assert stop.lows[0][:2] == [float("inf")] * 2 and stop.lows[0][2:] == [1.0, 1.0]
+    assert "rank=3" in stop.key()
