@@ -3,9 +3,12 @@
 `DreamBatch` runs many dream episodes at once (a controller's training loop); `DreamEnv` is
 the same dynamics as a one-episode gymnasium env (`gymnasium.utils.env_checker.check_env`
 passes). A dream starts from the VAE posterior of a real initial graph of the collected data
-(its latent distribution and its recorded rule applicability, stored by train-wm); after that
-the MDN-RNN predicts everything: the next latent (sampled at temperature tau), the reward,
-the done flag and the next action mask. Nothing here imports or steps GraphRewrite-v0 --
+(its latent distribution, its recorded rule applicability and cost ratio, stored by train-wm);
+after that the MDN-RNN predicts everything: the next latent (sampled at temperature tau), the
+next cost ratio, the done flag and the next action mask. The reward is the real env's formula
+on the predicted costs, r_t = 100 (c_{t-1} - c_t) with c = C / C_0, so a dream return is
+100 (c_0 - c_T), as a real one is: a rule then its reverse earns what M says the graph is
+worth after both, not two predicted gains. Nothing here imports or steps GraphRewrite-v0 --
 RLFlow's code stepped the real env for masks; this one does not.
 """
 
@@ -59,6 +62,7 @@ class DreamBatch:
             raise RlflowError("the world model has no initial graph to dream from")
         self.size = episodes * groups
         self.z = torch.zeros(self.size, world.latent)
+        self.cost = np.ones(self.size)
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.mask = np.ones((self.size, world.num_actions), dtype=bool)
         self.steps = 0
@@ -84,6 +88,7 @@ class DreamBatch:
         noise = self._shared(self.rng.standard_normal((self.episodes, self.world.latent)))
         z = start["mu"][chosen] + np.exp(start["logsigma"][chosen]) * noise
         self.z = torch.as_tensor(z, dtype=torch.float32)
+        self.cost = start_costs(start, chosen)
         self.state = None
         applicable = start["applicable"][chosen][:, self.world.active_rules]
         self.mask = np.concatenate([applicable, np.ones((self.size, 1), bool)], axis=1)
@@ -113,7 +118,9 @@ class DreamBatch:
         normal = self._shared(self.rng.standard_normal((self.episodes, latent)))
         step = _squeeze_time(output)
         self.z = sample_latent(step, self.temperature, uniform, normal).float()
-        reward = step.reward.numpy().astype(np.float64)
+        cost = np.maximum(step.cost.numpy().astype(np.float64), 0.0)  # a cost is never negative
+        reward = 100.0 * (self.cost - cost)
+        self.cost = cost
         done_draw = self._shared(self.rng.random(self.episodes))
         done = done_draw < torch.sigmoid(step.done_logit).numpy()
         applicable = torch.sigmoid(step.mask_logits[:, world.active_rules]).numpy()
@@ -123,6 +130,13 @@ class DreamBatch:
         terminated = stop & valid | done | ~applicable.any(axis=1)
         truncated = ~terminated & (self.steps >= self.max_steps)
         return self.observation(), reward, terminated, truncated, self.mask.copy()
+
+
+def start_costs(start: dict[str, np.ndarray], chosen: np.ndarray) -> np.ndarray:
+    """C_0 / C_0 of the chosen start graphs: 1, unless the data recorded otherwise."""
+    if "cost" not in start:
+        return np.ones(len(chosen))
+    return start["cost"][chosen].astype(np.float64)
 
 
 def _squeeze_time(output: Any) -> Any:
@@ -147,7 +161,9 @@ class DreamEnv(gym.Env):
 
     ## Rewards
 
-    M's predicted reward, which was trained on the real env's r_t = 100 (C_{t-1} - C_t) / C_0.
+    The real env's r_t = 100 (C_{t-1} - C_t) / C_0 on M's predicted cost ratios C_t / C_0
+    (trained on the real env's): the return telescopes to 100 (C_0 - C_T) / C_0, as in the
+    real env. `info["cost_ratio"]` is the predicted C_t / C_0.
 
     ## Starting State
 
@@ -229,6 +245,7 @@ class DreamEnv(gym.Env):
             "step": self._batch.steps,
             "rule": rule,
             "invalid_action": not valid,
+            "cost_ratio": float(self._batch.cost[0]),
         }
         return (
             self._observation(latent, mask),

@@ -1,5 +1,12 @@
 """M of World Models: an LSTM over (z_t, a_t) predicting a mixture of Gaussians over z_{t+1},
-the reward, the done flag and the next step's per-rule applicability (the next action mask).
+the next cost ratio C_{t+1} / C_0, the done flag and the next step's per-rule applicability
+(the next action mask).
+
+M predicts the cost *level*, not the reward: the dream derives r_t = 100 (c_t - c_{t+1}) from
+consecutive predictions, so a dream return telescopes to 100 (c_0 - c_T) like the real one
+and cannot be inflated by summing per-step reward errors (a rule and its reverse, back and
+forth, each predicted as a gain). Its error on the reward, given the true c_t, is reported as
+`reward_mse` (the same units as a reward head's).
 
 Following Ha & Schmidhuber (2018), each latent dimension has its own K-component mixture;
 sampling at temperature tau divides the mixture logits by tau and scales sigma by sqrt(tau).
@@ -18,6 +25,8 @@ from torch import Tensor, nn
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 MASK_PRIOR_LOGIT = -4.0
+COST_SCALE = 100.0
+"""The cost head's raw output is 100 (1 - C_{t+1} / C_0): in reward units, 0 at the start."""
 
 
 @dataclass
@@ -25,7 +34,7 @@ class MDNOutput:
     log_pi: Tensor  # (..., K, Z) log mixture weights (normalised over K)
     mu: Tensor  # (..., K, Z)
     logsigma: Tensor  # (..., K, Z)
-    reward: Tensor  # (...,)
+    cost: Tensor  # (...,) predicted next cost ratio C_{t+1} / C_0 (1 - raw / COST_SCALE)
     done_logit: Tensor  # (...,)
     mask_logits: Tensor  # (..., R)
 
@@ -90,7 +99,7 @@ class MDNRNN(nn.Module):
             log_pi=log_pi,
             mu=mixture[..., 1, :, :],
             logsigma=logsigma,
-            reward=rest[..., 0],
+            cost=1.0 - rest[..., 0] / COST_SCALE,
             done_logit=rest[..., 1],
             mask_logits=rest[..., 2:],
         )
@@ -110,19 +119,22 @@ def mdn_nll(output: MDNOutput, target: Tensor) -> Tensor:
 def mdnrnn_losses(
     output: MDNOutput,
     next_z: Tensor,
-    reward: Tensor,
+    next_cost: Tensor,
     done: Tensor,
     next_applicable: Tensor,
     valid: Tensor,
     stopped: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Mean over valid steps of: `mdn_nll` (per step, summed over z), `reward_mse`, `done_bce`
-    (over the steps that did not stop, given `stopped` (B, T)), `mask_bce` (summed over rules);
-    `loss` is their sum. `valid` (B, T) masks padding."""
+    """Mean over valid steps of: `mdn_nll` (per step, summed over z), `reward_mse` (the squared
+    error of the cost head in reward units, (100 (c_pred - c_next))^2: the error of the reward
+    derived from it given the true current cost), `done_bce` (over the steps that did not stop,
+    given `stopped` (B, T)), `mask_bce` (summed over rules); `loss` is their sum. `valid` (B, T)
+    masks padding; `next_cost` (B, T) is C_{t+1} / C_0."""
     weight = valid.float()
     count = weight.sum().clamp(min=1.0)
     nll = (mdn_nll(output, next_z) * weight).sum() / count
-    reward_mse = ((output.reward - reward).pow(2) * weight).sum() / count
+    cost_error = COST_SCALE * (output.cost - next_cost)
+    reward_mse = (cost_error.pow(2) * weight).sum() / count
     # Stop ends a dream episode by construction: done is learnt where it is news, on the
     # steps that applied a rule (the episode ends when no candidate is left).
     done_weight = weight if stopped is None else weight * (~stopped).float()

@@ -28,6 +28,9 @@ LATENTS = "latents.npz"
 DREAM_START = "dream_start.npz"
 CONFIG = "config.yaml"
 PROGRESS = "progress.json"
+DYNAMICS = "cost-ratio"
+"""What M's scalar head predicts (`meta["dynamics"]`): the next cost ratio C_{t+1} / C_0. World
+models of an older rlflow, whose M predicted the reward itself, are refused."""
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
@@ -89,8 +92,9 @@ class WorldModel:
 
     `meta` holds `rule_names`, `active_rules` (rule ids with a candidate somewhere in the
     data: the only rules a controller can choose), `models`, `env` (the GraphRewriteEnv
-    settings of the data), and the data's real-env totals. `start` holds `mu`, `logsigma`
-    (N0, Z), `applicable` (N0, R) bool and `model` (N0,) of the data's first observations.
+    settings of the data), `dynamics` (`DYNAMICS`) and the data's real-env totals. `start`
+    holds `mu`, `logsigma` (N0, Z), `applicable` (N0, R) bool, `cost` (N0,) (C_0 / C_0, 1) and
+    `model` (N0,) of the data's first observations.
     """
 
     def __init__(
@@ -161,6 +165,11 @@ class WorldModel:
         meta: dict[str, Any],
         start: dict[str, np.ndarray],
     ) -> WorldModel:
+        if meta.get("dynamics") != DYNAMICS:
+            raise RlflowError(
+                "world model made by an older rlflow (its M predicts rewards, not the cost "
+                "ratio): rerun `rlflow train-wm` into a new --out"
+            )
         try:
             vae = GraphVAE(**vae_ckpt["kwargs"])
             vae.load_state_dict(vae_ckpt["model"])

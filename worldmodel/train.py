@@ -3,8 +3,8 @@
 Both stages checkpoint after every epoch (atomically) and a rerun resumes from the last one;
 a finished stage is skipped. Epoch e draws its randomness from (seed, stage, e), so a resumed
 run trains exactly as an uninterrupted one. Scalars go to TensorBoard under RUN_DIR:
-`wm/recon`, `wm/kl` (VAE), `wm/mdn_nll`, `wm/reward_mse`, `wm/done_bce`, `wm/mask_bce`
-(MDN-RNN), each also as `wm/val_*` on the held-out episodes.
+`wm/recon`, `wm/kl` (VAE), `wm/mdn_nll`, `wm/reward_mse` (M's cost head, in reward units),
+`wm/done_bce`, `wm/mask_bce` (MDN-RNN), each also as `wm/val_*` on the held-out episodes.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from worldmodel.data import RolloutData
 from worldmodel.mdnrnn import MDNRNN, mdnrnn_losses
 from worldmodel.model import (
     DREAM_START,
+    DYNAMICS,
     LATENTS,
     MDNRNN_CHECKPOINT,
     PROGRESS,
@@ -335,12 +336,18 @@ def rnn_batch_losses(
     return mdnrnn_losses(
         output,
         next_z=z[:, 1:],
-        reward=torch.as_tensor(arrays["reward"][sequences.steps], dtype=torch.float32),
+        next_cost=torch.as_tensor(cost_ratios(data)[sequences.obs[:, 1:]], dtype=torch.float32),
         done=torch.as_tensor(arrays["terminated"][sequences.steps]),
         next_applicable=torch.as_tensor(arrays["next_rule_applicable"][sequences.steps]),
         valid=torch.as_tensor(sequences.valid),
         stopped=actions == rnn.stop_action,
     )
+
+
+def cost_ratios(data: RolloutData) -> np.ndarray:
+    """(O,) C_t / C_0 of every observation (its `cost_ratio` global feature): M's cost target."""
+    column = list(data.manifest["global_features"]).index("cost_ratio")
+    return data.arrays["global_features"][:, column].astype(np.float32)
 
 
 RNN_SCALARS = ("mdn_nll", "reward_mse", "done_bce", "mask_bce")
@@ -383,7 +390,11 @@ def train_rnn(
     epoch = 0
     checkpoint = load_checkpoint(path, "MDN-RNN checkpoint") if path.exists() else None
     # An M trained on the latents of an earlier V (more VAE epochs asked since) starts over.
-    if checkpoint is not None and checkpoint.get("vae_epoch") == vae_epoch:
+    if (
+        checkpoint is not None
+        and checkpoint.get("vae_epoch") == vae_epoch
+        and checkpoint.get("meta", {}).get("dynamics") == DYNAMICS
+    ):
         rnn.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         epoch = int(checkpoint["epoch"])
@@ -486,10 +497,12 @@ def train_world_model(
             mu=mu[initial],
             logsigma=logsigma[initial],
             applicable=applicable[initial],
+            cost=cost_ratios(data)[initial],
             model=data.arrays["episode_model"].astype(np.int64),
         )
         totals = data.manifest.get("totals", {})
         meta = {
+            "dynamics": DYNAMICS,
             "rule_names": data.rule_names,
             "active_rules": [int(rule) for rule in active],
             "models": list(data.manifest["settings"]["models"]),

@@ -79,3 +79,37 @@ def test_dream_env_refuses_bad_use(world):
     env.reset(seed=0)
     with pytest.raises(RlflowError, match="outside"):
         env.step(env.action_space.n)
+
+
+def test_dream_return_telescopes_to_the_predicted_cost(world):
+    """r_t = 100 (c_{t-1} - c_t) on M's predicted cost ratios: a dream return is
+    100 (c_0 - c_T), whatever the path (so a rule and its reverse cannot both earn a gain)."""
+    env = DreamEnv(world)
+    for seed in range(4):
+        observation, _ = env.reset(seed=seed)
+        rng = np.random.default_rng(seed)
+        total, cost = 0.0, 1.0
+        for _ in range(env.max_steps):
+            valid = np.flatnonzero(observation["action_mask"][:-1])
+            action = int(rng.choice(valid)) if len(valid) else env.action_space.n - 1
+            observation, reward, terminated, truncated, info = env.step(action)
+            assert reward == pytest.approx(100.0 * (cost - info["cost_ratio"]))
+            assert info["cost_ratio"] >= 0.0
+            total, cost = total + reward, info["cost_ratio"]
+            if terminated or truncated:
+                break
+        assert total == pytest.approx(100.0 * (1.0 - cost))
+
+
+def test_dream_starts_at_the_recorded_cost(world):
+    np.testing.assert_allclose(world.start["cost"], 1.0)  # C_0 / C_0 of every start graph
+
+
+def test_world_model_of_the_reward_predicting_kind_is_refused(pipeline, world):
+    from worldmodel.model import MDNRNN_CHECKPOINT, VAE_CHECKPOINT, load_checkpoint
+
+    vae = load_checkpoint(pipeline.wm / VAE_CHECKPOINT)
+    rnn = load_checkpoint(pipeline.wm / MDNRNN_CHECKPOINT)
+    old_meta = {key: value for key, value in world.meta.items() if key != "dynamics"}
+    with pytest.raises(RlflowError, match="older rlflow"):
+        WorldModel._build(vae, rnn, old_meta, world.start)

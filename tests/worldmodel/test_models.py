@@ -84,7 +84,7 @@ def test_mdn_nll_of_one_gaussian_matches_torch():
         log_pi=torch.zeros(1, 1, 3),
         mu=torch.tensor([[[0.5, -1.0, 2.0]]]),
         logsigma=torch.tensor([[[0.0, 0.3, -0.2]]]),
-        reward=torch.zeros(1),
+        cost=torch.ones(1),
         done_logit=torch.zeros(1),
         mask_logits=torch.zeros(1, 2),
     )
@@ -101,7 +101,7 @@ def test_temperature_sharpens_the_mixture():
         log_pi=torch.log(torch.tensor([[0.8, 0.2]])).unsqueeze(-1).expand(1, k, z).clone(),
         mu=torch.tensor([[[1.0] * z, [-5.0] * z]]),
         logsigma=torch.full((1, k, z), -1.0),
-        reward=torch.zeros(1),
+        cost=torch.ones(1),
         done_logit=torch.zeros(1),
         mask_logits=torch.zeros(1, 1),
     )
