@@ -14,9 +14,9 @@ ROW_FIELDS: tuple[str, ...] = (
     "ort_level",  # onnxruntime optimisation level of the measurements
     "threads",  # intra-op threads of the measurements
     "equivalent",  # the result passed the equivalence check (else no speedup is reported)
-    "speedup",  # min(original) / min(result), from the model's one interleaved comparison
-    "original_ms",  # min latency of the original in that comparison
-    "optimized_ms",  # min latency of the result in that comparison
+    "speedup",  # original_ms / optimized_ms, from the model's one interleaved comparison
+    "original_ms",  # the original's 3rd-smallest run in that comparison
+    "optimized_ms",  # the result's 3rd-smallest run in that comparison
     "wall_s",  # the method's optimisation wall time (search or rollouts + its measurement)
     "steps",  # rewrites applied on the path to the result
     "expansions",  # search expansions, or the agent's rollout steps
@@ -107,8 +107,9 @@ def render_report(
         lines += [
             f"## ORT level `{level}`" + (f", {threads[0]} thread(s)" if len(threads) == 1 else ""),
             "",
-            "Speedup of each method's result over the original (min latency of the original / "
-            "min of the result), all results of a model timed interleaved in one run.",
+            "Speedup of each method's result over the original (each graph's 3rd-smallest run, "
+            "the original's over the result's), all results of a model timed interleaved in "
+            "one run.",
             "",
             *_table(
                 at_level,
