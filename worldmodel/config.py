@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 
 from rlflow.errors import RlflowError, first_line
-from worldmodel.data import write_bytes_atomic
+from rlflow.fileio import write_bytes_atomic
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "worldmodel.yaml"
 """The repository's defaults file (absent from an installed wheel: the dataclasses mirror it)."""

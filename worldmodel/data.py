@@ -21,8 +21,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ import numpy as np
 
 from rlflow.cost.cache import write_json_atomic
 from rlflow.errors import RlflowError, first_line
+from rlflow.fileio import write_bytes_atomic
 
 SHARD_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -159,20 +158,6 @@ def shard_arrays(episodes: Sequence[EpisodeRecord]) -> dict[str, np.ndarray]:
     arrays["episode_model"] = np.array([e.model for e in episodes], dtype=np.int16)
     arrays["episode_return"] = np.array([e.episode_return for e in episodes], dtype=np.float32)
     return arrays
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: a killed job leaves no half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_shard(path: Path, episodes: Sequence[EpisodeRecord], meta: Mapping[str, Any]) -> None:

@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 from rlflow.errors import RlflowError, first_line
+from rlflow.fileio import write_bytes_atomic
 from rlflow.nn import collate_graphs, graph_to_data
-from worldmodel.data import observation_record, write_bytes_atomic
+from worldmodel.data import observation_record
 from worldmodel.mdnrnn import MDNRNN
 from worldmodel.vae import GraphVAE
 

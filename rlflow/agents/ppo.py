@@ -11,10 +11,10 @@ comparisons read) and `checkpoints/latest.pt`, from which a rerun continues.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from envs import GRAPH_REWRITE_ID
 from envs.graph_rewrite import GraphRewriteEnv
 from rlflow.cost.cache import read_json, write_json_atomic
 from rlflow.errors import RlflowError, first_line
+from rlflow.fileio import write_bytes_atomic, write_text_atomic
 from rlflow.nn import (
     SCORER_MODES,
     CandidateScorer,
@@ -212,15 +213,10 @@ def make_scorer(config: PPOConfig, num_rules: int) -> CandidateScorer:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """torch.save to a temporary file beside `path`, then rename: never half a checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """torch.save into memory, then an atomic write: never half a checkpoint."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def load_checkpoint(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -567,16 +563,7 @@ def _check_resumable(saved: dict[str, Any], config: PPOConfig, run_dir: Path) ->
 
 def _write_config(run_dir: Path, config: PPOConfig) -> None:
     text = yaml.safe_dump({"kind": "ppo", **config.to_dict()}, sort_keys=False)
-    path = run_dir / "config.yaml"
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".config.yaml.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a config is for anyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(run_dir / "config.yaml", text)
 
 
 def _hyperparameter_table(config: PPOConfig) -> str:
