@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import add_threads_argument, print_json, set_torch_threads
 
 FLAGS = ["episodes", "policy", "size", "cost", "seed", "episodes_per_shard", "stop_probability"]
 
@@ -35,9 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")
     parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
-    )
+    add_threads_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(run=run)
@@ -48,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from worldmodel.config import build, overrides, section
 
     started = time.perf_counter()
-    _set_threads(args.threads)
+    set_torch_threads(args.threads)
     values = {**section(args.config, "collect"), **overrides(args, FLAGS), "models": args.model}
     settings = build(CollectSettings, values, "collect settings")
     before = _finished_shards(args.out)
@@ -90,13 +88,3 @@ def _finished_shards(out: str) -> int:
         return len(json.loads((Path(out) / "manifest.json").read_text())["shards"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
-
-
-def _set_threads(threads: int) -> None:
-    import torch
-
-    from rlflow.errors import RlflowError
-
-    if threads < 1:
-        raise RlflowError(f"--threads must be at least 1, got {threads}")
-    torch.set_num_threads(threads)

@@ -1,4 +1,5 @@
-"""What several commands share: resolving MODEL (zoo name or .onnx path) and `--json` output."""
+"""What several commands share: resolving MODEL (zoo name or .onnx path), `--json` output and
+the torch thread count of the learning commands."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=1x3x224x224",
         help="static shape for an input with dynamic dims (repeatable)",
     )
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """`--threads` of the commands that run small torch networks (collect, train-*)."""
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
+    )
+
+
+def set_torch_threads(threads: int) -> None:
+    """Apply `--threads`; RlflowError below 1."""
+    import torch
+
+    if threads < 1:
+        raise RlflowError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
 
 
 def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import add_threads_argument, print_json, set_torch_threads
 
 FLAGS = ["method", "generations", "population", "ppo_iterations", "temperature", "seed"]
 
@@ -53,9 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--no-measure", action="store_true", help="--eval-real without end-to-end timing"
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
-    )
+    add_threads_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(run=run)
@@ -71,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from worldmodel.model import WorldModel
 
     started = time.perf_counter()
-    _set_threads(args.threads)
+    set_torch_threads(args.threads)
     values = {**section(args.config, "train_controller"), **overrides(args, FLAGS)}
     if args.temperatures is not None:
         values["temperatures"] = args.temperatures
@@ -183,13 +181,3 @@ def _progress(
             ],
         )
     return progress
-
-
-def _set_threads(threads: int) -> None:
-    import torch
-
-    from rlflow.errors import RlflowError
-
-    if threads < 1:
-        raise RlflowError(f"--threads must be at least 1, got {threads}")
-    torch.set_num_threads(threads)

@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import add_threads_argument, print_json, set_torch_threads
 
 FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "seed"]
 
@@ -28,9 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--mixtures", type=int, help="Gaussians per latent dimension (8)")
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: small nets, shared CPUs)"
-    )
+    add_threads_argument(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(run=run)
@@ -45,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from worldmodel.train import WorldModelSettings, train_world_model
 
     started = time.perf_counter()
-    _set_threads(args.threads)
+    set_torch_threads(args.threads)
     values = {**section(args.config, "train_wm"), **overrides(args, FLAGS)}
     settings = build(WorldModelSettings, values, "train_wm settings")
     if min(settings.latent, settings.vae_epochs, settings.rnn_epochs, settings.rnn_hidden) < 1:
@@ -76,13 +74,3 @@ def run(args: argparse.Namespace) -> int:
             f"{summary['real_measurements']}; wall {summary['wall_s']:.1f} s"
         )
     return 0
-
-
-def _set_threads(threads: int) -> None:
-    import torch
-
-    from rlflow.errors import RlflowError
-
-    if threads < 1:
-        raise RlflowError(f"--threads must be at least 1, got {threads}")
-    torch.set_num_threads(threads)
