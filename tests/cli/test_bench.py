@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from rlflow.cli import main
 from rlflow.commands.bench import DEFAULTS, load_config
 from rlflow.cost import check_equivalence
@@ -97,19 +95,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     bad_config.write_text("modles: [bert]\n")
     assert "unknown keys" in one_line_error(capsys, [*base, "--config", str(bad_config)])
     assert not out.exists()
-
-
-@pytest.fixture(scope="module")
-def tiny_ppo_run(tmp_path_factory):
-    """A real PPO run directory, trained for a handful of steps on squeezenet (small)."""
-    ppo = pytest.importorskip("rlflow.agents.ppo")
-    run_dir = tmp_path_factory.mktemp("ppo-run")
-    config = ppo.PPOConfig(
-        models=["squeezenet-1.1"], total_steps=8, horizon=4, episodes_per_update=2,
-        minibatch_size=4, update_epochs=1, hidden=16, layers=1, heads=1, max_candidates=32,
-    )  # fmt: skip
-    ppo.train(config, run_dir, progress=False)
-    return run_dir
 
 
 def test_agent_adds_learning_curves_and_env_steps(tiny_ppo_run, tmp_path, capsys):

@@ -170,19 +170,6 @@ def test_bad_path_exit_code_from_a_real_process(tmp_path):
     assert not out.exists()
 
 
-@pytest.fixture(scope="module")
-def tiny_ppo_run(tmp_path_factory):
-    """A real PPO run directory, trained for a handful of steps on squeezenet (small)."""
-    ppo = pytest.importorskip("rlflow.agents.ppo")
-    run_dir = tmp_path_factory.mktemp("ppo-run")
-    config = ppo.PPOConfig(
-        models=["squeezenet-1.1"], total_steps=8, horizon=4, episodes_per_update=2,
-        minibatch_size=4, update_epochs=1, hidden=16, layers=1, heads=1, max_candidates=32,
-    )  # fmt: skip
-    ppo.train(config, run_dir, progress=False)
-    return run_dir
-
-
 def test_agent_run_optimizes_like_a_search(tiny_ppo_run, tmp_path, capsys):
     out = tmp_path / "agent.onnx"
     args = ("squeezenet-1.1", "--agent", str(tiny_ppo_run), "--episodes", "2", "-o", str(out))
