@@ -2,13 +2,12 @@
 """How good are the cost models, and how stable is the latency measurement, on given models?
 
 For each model and ORT level it prints, as one markdown table: the end-to-end latency (min,
-low -- the k-th smallest run the Runner compares, k = --low-rank -- and median over interleaved
-runs), the per-op measured sum and its error against the minimum, the analytic roofline
-floor, and the stability of the method: the ratio of the model measured against itself,
-repeated (min / median / max over the repetitions; the target is 1 +- 0.03), by the low
-statistic (what comparisons use), by the minimum (what they used before) and as the median of
-per-pair ratios; plus the 1-minute load average seen during those repetitions. Progress goes
-to stderr.
+low -- the k-th smallest run, k = --low-rank -- and median over interleaved runs), the per-op
+measured sum and its error against the minimum, the analytic roofline floor, and the
+stability of the method: the ratio of the model measured against itself, repeated (min /
+median / max over the repetitions; the target is 1 +- 0.03), as the median of per-pair ratios
+(what comparisons use), by the low statistic and by the minimum (what they used before); plus
+the 1-minute load average seen during those repetitions. Progress goes to stderr.
 
     python scripts/bench_cost.py resnet-18 bert path/to/model.onnx --size small
 """
@@ -44,10 +43,10 @@ class Row:
     perop_ms: float
     perop_fallbacks: int
     floor_ms: float
-    self_ratios: list[float]
-    """By the low statistic (`Comparison.ratios`)."""
-    self_min_ratios: list[float]
     self_pair_ratios: list[float]
+    """The median of per-pair ratios (`Comparison.ratios`, what comparisons use)."""
+    self_low_ratios: list[float]
+    self_min_ratios: list[float]
     loads: list[float]
     """The 1-minute load average after each repetition."""
 
@@ -61,8 +60,8 @@ class Row:
             f"| {self.e2e_min_ms:.3f} | {self.e2e_low_ms:.3f} | {self.e2e_median_ms:.3f} "
             f"| {self.perop_ms:.3f} | {self.perop_error_pct:+.1f} | {self.perop_fallbacks} "
             f"| {self.floor_ms:.3f} | {100 * self.floor_ms / self.e2e_min_ms:.1f} "
-            f"| {_spread(self.self_ratios)} | {_spread(self.self_min_ratios)} "
-            f"| {_spread(self.self_pair_ratios)} | {min(self.loads):.1f}-{max(self.loads):.1f} |"
+            f"| {_spread(self.self_pair_ratios)} | {_spread(self.self_low_ratios)} "
+            f"| {_spread(self.self_min_ratios)} | {min(self.loads):.1f}-{max(self.loads):.1f} |"
         )
 
 
@@ -72,9 +71,9 @@ def header(low_rank: int) -> str:
         f"| model | nodes | ort-level | threads | e2e min ms | e2e {low}-smallest ms "
         "| e2e median ms | per-op sum ms | per-op err % vs min | per-op fallbacks "
         "| analytic floor ms | floor % of e2e min "
+        "| self-ratio, median of pairs (compared): min / median / max "
         f"| self-ratio of {low}-smallest: min / median / max "
-        "| self-ratio of mins: min / median / max "
-        "| self-ratio, median of pairs: min / median / max | load (1-min avg) |\n"
+        "| self-ratio of mins: min / median / max | load (1-min avg) |\n"
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"
     )
 
@@ -116,20 +115,20 @@ def bench(label: str, graph: Graph, settings: OrtSettings, args: argparse.Namesp
         block=args.block,
         low_rank=args.low_rank,
     )
-    ratios, min_ratios, pair_ratios, minima, lows, medians, loads = [], [], [], [], [], [], []
+    pair_ratios, low_ratios, min_ratios, minima, lows, medians, loads = [], [], [], [], [], [], []
     for rep in range(args.reps):
         comparison = runner.compare([graph, graph], use_cache=False)
         first, second = comparison.measurements
-        ratios.append(comparison.ratios[1])
+        pair_ratios.append(comparison.ratios[1])
+        low_ratios.append(comparison.low_ratios[1])
         min_ratios.append(second.min_ms / first.min_ms)
-        pair_ratios.append(comparison.pair_ratio_medians[1])
         minima += [m.min_ms for m in comparison.measurements]
         lows += [m.low_ms for m in comparison.measurements]
         medians += [m.median_ms for m in comparison.measurements]
         loads.append(os.getloadavg()[0])
         progress(
             f"{label} {settings.ort_level}: self-ratio {rep + 1}/{args.reps}: "
-            f"low {ratios[-1]:.3f}, min {min_ratios[-1]:.3f}, pairs {pair_ratios[-1]:.3f} "
+            f"pairs {pair_ratios[-1]:.3f}, low {low_ratios[-1]:.3f}, min {min_ratios[-1]:.3f} "
             f"({first.runs} runs/graph, load {loads[-1]:.2f})"
         )
     started = time.perf_counter()
@@ -151,9 +150,9 @@ def bench(label: str, graph: Graph, settings: OrtSettings, args: argparse.Namesp
         perop_ms=perop.total_ms,
         perop_fallbacks=perop.fallback_nodes,
         floor_ms=floor,
-        self_ratios=ratios,
-        self_min_ratios=min_ratios,
         self_pair_ratios=pair_ratios,
+        self_low_ratios=low_ratios,
+        self_min_ratios=min_ratios,
         loads=loads,
     )
 
@@ -177,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         "--low-rank",
         type=int,
         default=LOW_RANK,
-        help=f"compare the k-th smallest run (default {LOW_RANK}; 1: the minimum)",
+        help=f"the low statistic: the k-th smallest run (default {LOW_RANK}; 1: the minimum)",
     )
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per graph")
     parser.add_argument("--perop-runs", type=int, default=10, help="timed runs per operator")

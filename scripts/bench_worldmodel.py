@@ -292,7 +292,7 @@ class Bench:
                     name: sorted(run[name] for run in runs)[len(runs) // 2] for name in graphs
                 },
                 "runs": runs,
-                "original_ms": comparison.measurements[0].low_ms,  # the last run's
+                "original_ms": comparison.scaled_ms[0],  # the last run's median
                 "world_model_steps": episode["steps"],
                 "world_model_env_speedup": episode["env_speedup"],
                 "ppo_steps": ppo_episode["steps"],

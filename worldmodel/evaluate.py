@@ -122,8 +122,7 @@ def evaluate_real(
                     graphs = [result["original"], result["graph"]]
                     comparison = runner.compare(graphs)
                     speedup = comparison.speedups[1]
-                    original_ms = comparison.measurements[0].low_ms
-                    optimized_ms = comparison.measurements[1].low_ms
+                    original_ms, optimized_ms = comparison.scaled_ms
                 rng = np.random.default_rng([seed, int(tau * 1000)])
                 dream = float(
                     dream_returns(

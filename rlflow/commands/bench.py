@@ -343,6 +343,8 @@ def bench_model(
             "ort_level": level,
             "members": members,
             "original_hash": original_hash,
+            # On the original's footing (Comparison.scaled_ms): original's ms / speedup.
+            "ms": dict(zip(hashes, comparison.scaled_ms, strict=True)),
             "low_ms": {h: m.low_ms for h, m in zip(hashes, comparison.measurements, strict=True)},
             "median_ms": {
                 h: m.median_ms for h, m in zip(hashes, comparison.measurements, strict=True)
@@ -367,9 +369,9 @@ def result_rows(state: dict[str, Any], options: dict[str, Any]) -> list[dict[str
                 graph_hash = cell["graph_hash"]
                 measured = cell["equivalent"] and graph_hash in comparison.get("speedup", {})
                 original_hash = comparison.get("original_hash")
-                # Each graph's 3rd-smallest run, as the speedups compare (older results.json
-                # files kept the minimum under "min_ms").
-                times = comparison.get("low_ms", comparison.get("min_ms", {}))
+                # original ms / speedup, as reported (results.json files older than the
+                # per-pair ratios compared the 3rd-smallest runs "low_ms", or the "min_ms").
+                times = comparison.get("ms", comparison.get("low_ms", comparison.get("min_ms", {})))
                 cell.update(
                     speedup=comparison["speedup"][graph_hash] if measured else None,
                     original_ms=times.get(original_hash),

@@ -2,40 +2,31 @@
 
 Timings here move by tens of percent between runs, so graphs are only ever compared within
 one run: after a warm-up they are timed in alternating blocks (A-block B-block, then B A, ...)
-and compared by a low order statistic of all their runs: the `LOW_RANK`-th (3rd) smallest,
-ratio = low(B) / low(A). The minimum and the median of each graph are reported beside it, and
-the median of the per-pair ratios (k-th run of B over k-th run of A) is kept as secondary
-information: it is noisier. Results are cached by (graph hash, settings), in memory and
-optionally on disk.
+and compared by the median of their per-pair ratios: ratio(B) = median over k of
+run_k(B) / run_k(A), pair k being the k-th run of each, which were timed a block apart. Each
+graph's minimum, `LOW_RANK`-th (3rd) smallest and median run are reported beside it, and the
+ratio of the 3rd-smallest runs is kept as secondary information. Results are cached by
+(graph hash, settings), in memory and optionally on disk.
 
-Why the 3rd smallest and not the minimum (this refines DESIGN.md's "compare the minimum"):
-under load (2-5 on 2 cores) the fastest runs are rare single events -- a moment when no other
-job held the core -- and each lands on one graph only, so the minimum of a model measured
-against itself was decided by luck: 0.49-1.67 over repeated self-comparisons. Recorded traces
-of self-comparisons (squeezenet-1.1 and resnet-18, block 5 and 1, load 3-5) re-cut into
-windows gave, for 10-s windows of squeezenet, a self-ratio within 1 +- 0.03 in 100% of the
-windows for the 3rd smallest (0.99-1.02) against 50-82% for the minimum (0.72-1.34), and
-73-100% for the 5th or 10th percentile; with the adaptive stop below driving the 3rd
-smallest on block-5 traces, 0.970-1.032 against 0.780-1.614 for the minimum. A low rank
-keeps what made the minimum the right idea (it looks past the load, where a median or a high
-quantile follows it) while one lucky run can no longer decide a comparison; unlike a
-quantile it does not drift with the share of runs that happened to find the core free.
-For a 60-ms model (resnet-18) at load 4-5 no statistic tried (minimum, 2nd, 3rd, 5th or 8th
-smallest, 1st, 2nd, 5th or 10th percentile, median) held 1 +- 0.03 in every 10-s window.
-
-Live it has not met that target yet: `scripts/bench_cost.py squeezenet-1.1 resnet-18 bert
---size full --reps 10` at load 4-7 put the self-ratio of the 3rd smallest within 1 +- 0.03 in
-26 of 60 repetitions (0.63-1.57), the minimum's in 28 (0.73-1.52) and the median of pairs in
-53 (0.94-1.08). At that load a graph gets fewer than 3 quiet runs in its 1-10 s, so its 3rd
-smallest lies between the quiet and the shared-core modes and is luck again. The median of
-pairs, 0.84-1.08 in an earlier bench at load 2-5, was the steadiest there, and in the traces'
-10-s windows it held 1 +- 0.03 at least as often as the 3rd smallest (squeezenet 100%,
-resnet-18 80-100% against 60%).
+Why the median of pairs (this departs from DESIGN.md's "compare the minimum", on evidence
+from this machine, docs/BENCHMARKS.md "Runner stability"): a model measured against itself
+10 times per setting, `scripts/bench_cost.py squeezenet-1.1 resnet-18 --size full --reps 10`
+on a quiet machine (load 0.5-1), gave 0.987-1.014 for the median of pairs in all 40
+repetitions, against 0.80-1.06 for the minimum and 0.79-1.08 for the 3rd smallest; at load
+4-7 (squeezenet, resnet-18, bert) the median of pairs was within 1 +- 0.03 in 53 of 60
+repetitions, the 3rd smallest in 26 and the minimum in 28. The low statistics are extreme
+values: a graph's fastest runs are rare moments when nothing else held the core, so which
+graph got them is luck, even on a quiet machine. A pair, by contrast, is two runs a block
+apart, which mostly saw the same load; the median over hundreds of pairs ignores the pairs
+the load split, whichever way it split them. (DESIGN.md had found per-pair ratios much
+noisier than minima; with the adaptive 1-10 s below, on this machine, it is the other way
+round.)
 
 How long to time is adaptive by default: a fixed quarter second per graph let a 10-ms model
 measured against itself stray to 0.90-1.26 here, so rounds of blocks go on until every
-graph's low statistic has settled (`AdaptiveStop`), between 1 and 10 s of timed runs per
-graph.
+graph's 3rd-smallest run has settled (`AdaptiveStop`), between 1 and 10 s of timed runs per
+graph. A single graph (`Runner.measure`, as the env's end-to-end rewards use) has no pair to
+compare with and is summarised by its 3rd-smallest run (`Measurement.low_ms`).
 """
 
 from __future__ import annotations
@@ -59,10 +50,11 @@ from rlflow.cost.source import ModelLike, ModelSource
 from rlflow.errors import RlflowError, first_line
 
 LOW_RANK = 3
-"""Graphs are compared by their LOW_RANK-th smallest run (see the module docstring)."""
+"""A graph's low statistic is its LOW_RANK-th smallest run (see the module docstring)."""
 
-CACHE_VERSION = "v2"
-"""Part of every cache key; v1 entries (compared by the minimum, no `low_ms`) are not read."""
+CACHE_VERSION = "v3"
+"""Part of every cache key: entries of v1 (compared by the minimum) and v2 (by the 3rd
+smallest, no `low_ratios`) are not read."""
 
 
 def kth_smallest(times: Sequence[float], rank: int = LOW_RANK) -> float:
@@ -78,9 +70,9 @@ def kth_smallest(times: Sequence[float], rank: int = LOW_RANK) -> float:
 class Measurement:
     """The latency of one graph under named settings (ms, wall clock around session.run).
 
-    `low_ms` is what comparisons use: the `LOW_RANK`-th (3rd) smallest run (the largest if
-    there were fewer runs); `min_ms` and `median_ms` are reported beside it. Built without
-    `low_ms` (e.g. from a single time), it is `min_ms`.
+    `low_ms` is the `LOW_RANK`-th (3rd) smallest run (the largest if there were fewer runs):
+    what a graph measured alone is summarised by; `min_ms` and `median_ms` are reported
+    beside it. Built without `low_ms` (e.g. from a single time), it is `min_ms`.
     """
 
     graph_hash: str
@@ -101,23 +93,33 @@ class Measurement:
 class Comparison:
     """Several graphs timed in one interleaved run; graph 0 is the reference.
 
-    `ratios[i]` = low(graph i) / low(graph 0), low being `Measurement.low_ms` (the 3rd
-    smallest run): below 1 means graph i is faster.
-    `pair_ratio_medians[i]` = median over k of run_k(graph i) / run_k(graph 0).
+    `ratios[i]` = median over k of run_k(graph i) / run_k(graph 0), what graphs are compared
+    by: below 1 means graph i is faster. `low_ratios[i]` = low(graph i) / low(graph 0), low
+    being `Measurement.low_ms` (the 3rd smallest run), kept as secondary information.
     """
 
     measurements: tuple[Measurement, ...]
     ratios: tuple[float, ...]
-    pair_ratio_medians: tuple[float, ...]
+    low_ratios: tuple[float, ...]
 
     @property
     def speedups(self) -> tuple[float, ...]:
-        """low(graph 0) / low(graph i): above 1 means graph i is faster."""
+        """1 / ratios: above 1 means graph i is faster than graph 0."""
         return tuple(1.0 / ratio for ratio in self.ratios)
 
+    @property
+    def scaled_ms(self) -> tuple[float, ...]:
+        """Each graph's latency on one footing: graph 0's median run times the graph's ratio.
+
+        This is what results report as a graph's latency (`original_ms`, `optimized_ms`), so
+        that their quotient is exactly the measured speedup; each graph's own statistics are
+        in `measurements`.
+        """
+        return tuple(self.measurements[0].median_ms * ratio for ratio in self.ratios)
+
     def fastest(self) -> int:
-        """Index of the graph with the smallest low time (`Measurement.low_ms`)."""
-        return min(range(len(self.measurements)), key=lambda i: self.measurements[i].low_ms)
+        """Index of the graph with the smallest ratio (graph 0 on a tie)."""
+        return min(range(len(self.ratios)), key=self.ratios.__getitem__)
 
 
 def measurement_of(
@@ -144,18 +146,16 @@ def compare_times(
     reference = np.asarray(times[0], dtype=float)
     return Comparison(
         measurements=tuple(measurements),
-        ratios=tuple(m.low_ms / measurements[0].low_ms for m in measurements),
-        pair_ratio_medians=tuple(
-            float(np.median(np.asarray(t, dtype=float) / reference)) for t in times
-        ),
+        ratios=tuple(float(np.median(np.asarray(t, dtype=float) / reference)) for t in times),
+        low_ratios=tuple(m.low_ms / measurements[0].low_ms for m in measurements),
     )
 
 
 @dataclass
 class AdaptiveStop:
     """When to stop timing: after whole rounds (one block of every graph), once every graph's
-    low statistic (its `rank`-th smallest run, as compared) has settled, within bounds on the
-    runs and the timed time per graph.
+    low statistic (its `rank`-th smallest run) has settled, within bounds on the runs and the
+    timed time per graph.
 
     A graph's low statistic has settled when its running value now is no more than
     `tolerance` (relative) below what it was a window of rounds ago: `patience` rounds, or the
@@ -253,8 +253,9 @@ class Runner:
         stop: the adaptive rule's bounds and tolerance (its min_runs, max_runs and rank are
             taken from `runs`, `max_runs` and `low_rank`).
         block: consecutive runs of one graph before switching to the next.
-        low_rank: graphs are compared by their `low_rank`-th smallest run (`low_ms`);
-            default `LOW_RANK` (3), 1 compares minima as before.
+        low_rank: a graph's low statistic (`Measurement.low_ms`, what `measure` summarises
+            a graph by and the adaptive stop waits on) is its `low_rank`-th smallest run;
+            default `LOW_RANK` (3), 1: the minimum.
         seed: seed of the random inputs (made once per model).
         cache_path: a JSON file to keep results across processes; None keeps them in memory.
     """
@@ -427,7 +428,9 @@ def _readable(entry: Any) -> bool:
 
 
 def _readable_comparison(entry: Any) -> bool:
-    measurements = entry.get("measurements") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict) or entry.get("low_ratios") is None:
+        return False
+    measurements = entry.get("measurements")
     return bool(measurements) and all(_readable(m) for m in measurements)
 
 
@@ -435,5 +438,5 @@ def _comparison_from_dict(entry: dict[str, Any]) -> Comparison:
     return Comparison(
         measurements=tuple(Measurement(**m) for m in entry["measurements"]),
         ratios=tuple(entry["ratios"]),
-        pair_ratio_medians=tuple(entry["pair_ratio_medians"]),
+        low_ratios=tuple(entry["low_ratios"]),
     )

@@ -14,9 +14,9 @@ ROW_FIELDS: tuple[str, ...] = (
     "ort_level",  # onnxruntime optimisation level of the measurements
     "threads",  # intra-op threads of the measurements
     "equivalent",  # the result passed the equivalence check (else no speedup is reported)
-    "speedup",  # original_ms / optimized_ms, from the model's one interleaved comparison
-    "original_ms",  # the original's 3rd-smallest run in that comparison
-    "optimized_ms",  # the result's 3rd-smallest run in that comparison
+    "speedup",  # median of per-pair ratios in the model's one interleaved comparison
+    "original_ms",  # the original's median run in that comparison
+    "optimized_ms",  # original_ms / speedup (Comparison.scaled_ms)
     "wall_s",  # the method's optimisation wall time (search or rollouts + its measurement)
     "steps",  # rewrites applied on the path to the result
     "expansions",  # search expansions, or the agent's rollout steps
@@ -107,9 +107,9 @@ def render_report(
         lines += [
             f"## ORT level `{level}`" + (f", {threads[0]} thread(s)" if len(threads) == 1 else ""),
             "",
-            "Speedup of each method's result over the original (each graph's 3rd-smallest run, "
-            "the original's over the result's), all results of a model timed interleaved in "
-            "one run.",
+            "Speedup of each method's result over the original (the median of per-pair ratios, "
+            "original run over result run), all results of a model timed interleaved in one "
+            "run; original ms is the original's median run in that run.",
             "",
             *_table(
                 at_level,

@@ -58,7 +58,8 @@ class Finalist:
 
     graph_hash: str
     cost: float
-    low_ms: float
+    ms: float
+    """Its latency on the original's footing (`Comparison.scaled_ms`): original_ms / speedup."""
     speedup: float
     steps: int
 
@@ -69,10 +70,11 @@ class SearchResult:
 
     `graph` is the fastest measured of the finalists, if a confirmation run found it faster
     than the original too (else the original); `state` replays it from the original
-    (`RewriteSession.replay`). Costs are in the search's cost model; `original_ms`,
-    `optimized_ms` (each graph's `Measurement.low_ms`, its 3rd-smallest run) and `speedup`
-    come from one interleaved end-to-end run: the confirmation run when there was one, else
-    the selection run. `finalists` are the selection run's.
+    (`RewriteSession.replay`). Costs are in the search's cost model; `speedup` (the median
+    of per-pair ratios), `original_ms` (the original's median run) and `optimized_ms`
+    (original_ms / speedup, `Comparison.scaled_ms`) come from one interleaved end-to-end run:
+    the confirmation run when there was one, else the selection run. `finalists` are the
+    selection run's.
     """
 
     method: str
@@ -208,12 +210,12 @@ def finish(
         Finalist(
             graph_hash=measurement.graph_hash,
             cost=graph_cost,
-            low_ms=measurement.low_ms,
+            ms=ms,
             speedup=speedup,
             steps=len(finalist.actions),
         )
-        for measurement, speedup, graph_cost, finalist in zip(
-            selection.measurements, selection.speedups, costs, sessions
+        for measurement, ms, speedup, graph_cost, finalist in zip(
+            selection.measurements, selection.scaled_ms, selection.speedups, costs, sessions
         )
     ]
     winner = selection.fastest()
@@ -237,8 +239,8 @@ def finish(
         cost_model=cost.name,
         expansions=expansions,
         evaluated=cost.evaluations,
-        original_ms=final.measurements[0].low_ms,
-        optimized_ms=measurement.low_ms,
+        original_ms=final.scaled_ms[0],
+        optimized_ms=final.scaled_ms[winner],
         speedup=1.0 if winner == 0 else final.speedups[winner],
         search_s=search_s,
         measure_s=time.perf_counter() - measure_started,

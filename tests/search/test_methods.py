@@ -141,7 +141,7 @@ def test_finalists_are_distinct_and_cost_no_more_than_the_original(small_graph, 
     assert len(hashes) == len(set(hashes)) == 6
     assert hashes[0] == original.canonical_hash()
     assert all(f.cost <= result.original_cost for f in result.finalists)
-    assert result.graph.canonical_hash() == min(result.finalists, key=lambda f: f.low_ms).graph_hash
+    assert result.graph.canonical_hash() == min(result.finalists, key=lambda f: f.ms).graph_hash
 
 
 def test_bad_arguments_are_clear_errors(small_graph, ruleset, analytic):
