@@ -154,8 +154,11 @@ class GraphRewriteEnv(gym.Env):
 
     - `"analytic"`: the roofline model (`AnalyticCostModel`), every step; cheap, noise-free.
     - `"perop"`: the per-op measured model (`PerOpCostModel`, TASO's), every step.
-    - `"e2e"`: the end-to-end latency measured in onnxruntime (`Runner.measure().low_ms`),
-      every step.
+    - `"e2e"`: the end-to-end latency measured in onnxruntime, every step: C_t is C_0 times
+      the graph's ratio to the original, both timed interleaved in one run (the median of
+      per-pair ratios, `Runner.compare`), and C_0 the original's median run. A reward thus
+      compares ratios each measured in one run, never absolute times taken minutes apart
+      under another load (DESIGN.md); each measurement times the original again.
     - `"e2e-sparse"`: X-RLflow's variant. C_t is measured end to end at reset, every
       `measure_every` steps, on the step that ends the episode (stop, no candidate left)
       and at the horizon; in between it is the last measurement scaled by the analytic cost's
@@ -163,8 +166,9 @@ class GraphRewriteEnv(gym.Env):
       the return is 100 (C_0 - C_T) / C_0 in measured terms.
 
     Measurements are made under one `Runner` (1 thread, `ort_level`) and cached by graph
-    hash: `info["real_measurements"]` counts the graphs actually timed since the env was
-    made (the world-model work counts those and the real env steps).
+    hash: `info["real_measurements"]` counts the graphs actually timed (onnxruntime sessions
+    built; the original's counts too) since the env was made (the world-model work counts
+    those and the real env steps).
 
     ## Starting State
 
@@ -582,12 +586,19 @@ class GraphRewriteEnv(gym.Env):
         return self.perop_model.cost_ms(graph)
 
     def _measured_cost(self, graph: Graph) -> float:
+        """C_0 x the graph's ratio to the original in one interleaved run (see Rewards)."""
+        assert self.runner is not None and self.session is not None
         digest = graph.canonical_hash()
         cost = self._measured_ms.get(digest)
         if cost is None:
-            assert self.runner is not None
+            original = self.session.original
+            is_original = digest == original.canonical_hash()
+            original_ms = None if is_original else self._measured_cost(original)
             built = self.runner.sessions_built
-            cost = self.runner.measure(graph).low_ms
+            if original_ms is None:
+                cost = self.runner.compare([original]).scaled_ms[0]  # C_0: its median run
+            else:
+                cost = original_ms * self.runner.compare([original, graph]).ratios[1]
             self.real_measurements += self.runner.sessions_built - built
             self._measured_ms[digest] = cost
         return cost
