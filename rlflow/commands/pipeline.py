@@ -4,10 +4,14 @@ Shared by `rlflow search`, `rlflow optimize` and `rlflow bench`. Every path ends
 the best few graphs found are timed against the original in one interleaved run
 (`rlflow.search.finish`), the chosen graph is checked for equivalence with the original, and
 only then written. A method is named `greedy`, `taso`, `random` or `agent:RUN_DIR`.
+`rlflow search` and `rlflow optimize` also share their options and their whole run
+(`add_method_arguments`, `optimize_to_file`): they differ only in how the method is chosen.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -346,3 +350,128 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     print(f"equivalent: yes, max abs error {summary['max_abs_err']:.2e}")
     if summary.get("output"):
         print(f"wrote {summary['output']}")
+
+
+# ---- the command line of search and optimize -------------------------------------------------
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `rlflow search` and `rlflow optimize` after MODEL and the method: how
+    the method runs, how its result is measured, and where it goes."""
+    from rlflow.commands.measure import add_ort_arguments
+
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help="search expansions (default: greedy to its local minimum, taso 1000, random 300)",
+    )
+    parser.add_argument(
+        "--cost",
+        choices=COST_CHOICES,
+        help="cost model ranking the graphs found (default: analytic for a search, the env's "
+        "reward source for an agent; e2e: small budgets only)",
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=1.05, help="taso: keep graphs under alpha x best cost"
+    )
+    parser.add_argument(
+        "--portable", action="store_true", help="search: only rules that emit standard ONNX ops"
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=4, help="agent: rollouts on the model (default 4)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random walks / agent rollouts")
+    parser.add_argument(
+        "--top-k", type=int, default=3, help="best graphs timed against the original at the end"
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        metavar="S",
+        help="timed seconds per graph in the final measurements (default: adaptive, 1-10 s "
+        "until every graph's 3rd-smallest run settles)",
+    )
+    add_ort_arguments(parser)
+    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="optimised .onnx")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+
+
+def optimize_to_file(
+    args: argparse.Namespace,
+    method: str,
+    *,
+    chosen: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> int:
+    """Run `method` on args.model with `add_method_arguments`' options, check the result,
+    write it to args.output and print its summary (JSON with --json); the commands' `run`.
+    `chosen` (how the method was chosen) is announced on stderr once the model has loaded."""
+    from tqdm import tqdm
+
+    from rlflow.commands.common import model_label, print_json, resolve_model
+    from rlflow.search import default_runner
+
+    started = time.perf_counter()
+    if args.min_time is not None and args.min_time < 0:
+        raise RlflowError(f"--min-time must be at least 0, got {args.min_time}")
+    options = SearchOptions(
+        budget=args.budget,
+        cost=args.cost,
+        alpha=args.alpha,
+        seed=args.seed,
+        top_k=args.top_k,
+        portable=args.portable,
+        episodes=args.episodes,
+        size=args.size,
+    )
+    check_options(options)
+    validate_method(method)  # a bad agent run fails before the model is loaded
+    agent = is_agent(method)
+    if agent and (args.budget is not None or args.portable):
+        raise RlflowError("--budget and --portable are for searches; an agent runs --episodes")
+    original = resolve_model(args.model, args.size, args.input_shape)
+    label = model_label(args.model, args.size)
+    settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
+    if chosen is not None:
+        print(f"rlflow optimize: {label} with {chosen}", file=sys.stderr)
+    total = None if agent else expansion_total(method, args.budget)
+    with tqdm(
+        total=total,
+        desc=f"{method_label(method)} {label}",
+        unit="step" if agent else "exp",
+        file=sys.stderr,
+        mininterval=0.5,
+    ) as bar:
+        result = run_method(
+            method,
+            original,
+            label,
+            settings,
+            options,
+            runner=default_runner(settings, args.min_time),
+            progress=bar,
+        )
+    report = check_result(original, result)
+    write_model(args.output, result.graph)
+    summary = summarize(
+        result,
+        report,
+        original,
+        method=method,
+        output=args.output,
+        wall_s=time.perf_counter() - started,
+        extra={
+            "budget": None if agent else total,
+            "alpha": args.alpha if method == "taso" else None,
+            "seed": args.seed if method == "random" or agent else None,
+            "portable": None if agent else args.portable,
+            "episodes": args.episodes if agent else None,
+            "min_time_s": args.min_time,
+            **(extra or {}),
+        },
+    )
+    if args.json:
+        print_json(summary)
+    else:
+        print_summary(summary)
+    return 0

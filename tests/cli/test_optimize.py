@@ -8,6 +8,7 @@ import subprocess
 import sys
 import warnings
 
+import onnx
 import pytest
 import torch
 from torch import nn
@@ -15,6 +16,7 @@ from torch import nn
 from rlflow.cli import main
 from rlflow.cost import check_equivalence
 from rlflow.graph import load_model
+from rlflow.rewrite import default_ruleset
 from rlflow.zoo import cached_path
 
 CONTRACT = (
@@ -128,6 +130,17 @@ def test_model_exported_from_torch(torch_onnx, tmp_path, capsys):
         assert expected in text, text
 
 
+def test_portable_result_uses_standard_onnx_ops_only(torch_onnx, tmp_path, capsys):
+    out = tmp_path / "portable.onnx"
+    args = ("--method", "greedy", "--portable", "--ort-level", "disable", "-o", str(out))
+    summary, _ = optimize_json(capsys, str(torch_onnx), *args)
+    assert summary["portable"] is True
+    portable_rules = {rule.name for rule in default_ruleset(portable=True)}
+    assert set(summary["rules_applied"]) <= portable_rules
+    domains = {node.domain for node in onnx.load(out).graph.node}
+    assert domains <= {"", "ai.onnx"}, domains
+
+
 def one_line_error(capsys, argv: list[str]) -> str:
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
@@ -155,6 +168,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "config.yaml" in one_line_error(capsys, with_agent(empty_run))
     (empty_run / "config.yaml").write_text("kind: sarsa\n")
     assert "unknown kind 'sarsa'" in one_line_error(capsys, with_agent(empty_run))
+    (empty_run / "config.yaml").write_text("kind: ppo\n")
+    search_only = one_line_error(capsys, [*with_agent(empty_run), "--budget", "5"])
+    assert "--budget and --portable are for searches" in search_only
     assert not out.exists()
 
 
