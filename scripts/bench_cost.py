@@ -132,7 +132,11 @@ def bench(label: str, graph: Graph, settings: OrtSettings, args: argparse.Namesp
             f"({first.runs} runs/graph, load {loads[-1]:.2f})"
         )
     started = time.perf_counter()
-    perop = PerOpCostModel(settings, runs=args.perop_runs).report(graph)
+    perop_model = PerOpCostModel(settings, runs=args.perop_runs, cache_path=args.perop_cache)
+    try:
+        perop = perop_model.report(graph)
+    finally:
+        perop_model.close()
     progress(
         f"{label} {settings.ort_level}: per-op {perop.total_ms:.3f} ms, {perop.measured_now} ops "
         f"measured in {time.perf_counter() - started:.1f} s, {perop.fallback_nodes} fallbacks "
@@ -180,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per graph")
     parser.add_argument("--perop-runs", type=int, default=10, help="timed runs per operator")
+    parser.add_argument(
+        "--perop-cache",
+        metavar="FILE",
+        help="per-op cache (sqlite) to use, e.g. a new file to time every operator now "
+        "(default: the shared rlflow cache, whose times may come from another day's load)",
+    )
     parser.add_argument(
         "--refresh-peaks",
         action="store_true",
