@@ -262,7 +262,7 @@ class GraphRewriteEnv(gym.Env):
         needs_runner = cost in ("e2e", "e2e-sparse")
         if runner is None and needs_runner:
             # A reward is measured on every (e2e) or every Nth (e2e-sparse) step: a fixed half
-            # second of timed runs per graph, not the final measurements' adaptive 1-10 s.
+            # second of timed runs per graph, not the final measurements' adaptive 1-30 s.
             runner = Runner(settings, min_time_s=REWARD_MEASURE_S)
         self.runner = runner
         self.perop_model = perop_model

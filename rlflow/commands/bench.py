@@ -68,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--min-time",
         type=float,
         metavar="S",
-        help="timed seconds per graph in every measurement (default: adaptive, 1-10 s)",
+        help="timed seconds per graph in every measurement (default: adaptive, 1-30 s)",
     )
     parser.add_argument("--config", metavar="FILE", help="YAML defaults (configs/bench.yaml)")
     parser.add_argument(

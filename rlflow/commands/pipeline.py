@@ -388,8 +388,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "--min-time",
         type=float,
         metavar="S",
-        help="timed seconds per graph in the final measurements (default: adaptive, 1-10 s "
-        "until every graph's 3rd-smallest run settles)",
+        help="timed seconds per graph in the final measurements (default: adaptive, 1-30 s "
+        "until every ratio to the original is known within 2%%)",
     )
     add_ort_arguments(parser)
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="optimised .onnx")

@@ -19,14 +19,15 @@ values: a graph's fastest runs are rare moments when nothing else held the core,
 graph got them is luck, even on a quiet machine. A pair, by contrast, is two runs a block
 apart, which mostly saw the same load; the median over hundreds of pairs ignores the pairs
 the load split, whichever way it split them. (DESIGN.md had found per-pair ratios much
-noisier than minima; with the adaptive 1-10 s below, on this machine, it is the other way
+noisier than minima; with the adaptive timing below, on this machine, it is the other way
 round.)
 
 How long to time is adaptive by default: a fixed quarter second per graph let a 10-ms model
 measured against itself stray to 0.90-1.26 here, so rounds of blocks go on until every
-graph's 3rd-smallest run has settled (`AdaptiveStop`), between 1 and 10 s of timed runs per
-graph. A single graph (`Runner.measure`, as the env's end-to-end rewards use) has no pair to
-compare with and is summarised by its 3rd-smallest run (`Measurement.low_ms`).
+graph's 3rd-smallest run has settled and, in a comparison, every ratio is known within 2%
+(a 95% interval; `AdaptiveStop`), between 1 and 30 s of timed runs per graph. A single
+graph (`Runner.measure`) has no pair to compare with and is summarised by its 3rd-smallest
+run (`Measurement.low_ms`).
 """
 
 from __future__ import annotations
@@ -151,10 +152,25 @@ def compare_times(
     )
 
 
+def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median of `values` (about 95% for
+    z = 1.96): the order statistics n/2 -+ z sqrt(n)/2 around the middle, which hold whatever
+    the distribution (the count of values below the true median is binomial(n, 1/2))."""
+    if not values:
+        raise ValueError("median_interval of no values")
+    ordered = sorted(values)
+    n = len(ordered)
+    spread = z * math.sqrt(n) / 2.0
+    low = max(math.floor(n / 2.0 - spread), 1)
+    high = min(math.ceil(n / 2.0 + spread) + 1, n)
+    return ordered[low - 1], ordered[high - 1]
+
+
 @dataclass
 class AdaptiveStop:
     """When to stop timing: after whole rounds (one block of every graph), once every graph's
-    low statistic (its `rank`-th smallest run) has settled, within bounds on the runs and the
+    low statistic (its `rank`-th smallest run) has settled and, in a comparison, every
+    graph's ratio to graph 0 is known closely enough, within bounds on the runs and the
     timed time per graph.
 
     A graph's low statistic has settled when its running value now is no more than
@@ -164,21 +180,29 @@ class AdaptiveStop:
     settled too soon; "the second half of the runs did not beat the first by 0.5%" does not.
     It is undefined (infinite) until a graph has `rank` runs, and never settled then.
 
+    A ratio (the median of per-pair ratios, `Comparison.ratios`) is known closely enough when
+    its distribution-free 95% interval (`median_interval`) reaches no further than
+    `ratio_tolerance` (relative) from it on either side. With the low statistic alone and a
+    10-s bound, 8 of 180 self-comparisons strayed 3.1-4.6% from 1, 7 of them on models over
+    100 ms stopped at the bound with 50-75 pairs (docs/BENCHMARKS.md): the interval says
+    when the pairs are enough, and the bound is 30 s.
+
     Timing stops at the first round where all of: each graph has `min_runs` runs, the fastest
-    graph has `min_time_s` of timed runs, and every low statistic has settled; or, whatever
-    they do, where a graph reaches `max_time_s` of timed runs or `max_runs` runs. Pure
-    bookkeeping over the times it is fed (ms per run), so the rule is tested on synthetic
-    sequences.
+    graph has `min_time_s` of timed runs, every low statistic has settled and every ratio is
+    known closely enough; or, whatever they do, where a graph reaches `max_time_s` of timed
+    runs or `max_runs` runs. Pure bookkeeping over the times it is fed (ms per run), so the
+    rule is tested on synthetic sequences.
     """
 
     min_time_s: float = 1.0
-    max_time_s: float = 10.0
+    max_time_s: float = 30.0
     tolerance: float = 0.005
     patience: int = 10
     patience_fraction: float = 0.5
     min_runs: int = 30
     max_runs: int = 5000
     rank: int = LOW_RANK
+    ratio_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
         self.reset(0)
@@ -192,6 +216,8 @@ class AdaptiveStop:
         """Per graph, its running `rank`-th smallest run after each round (inf before)."""
         self._smallest: list[list[float]] = [[] for _ in range(graphs)]
         """Per graph, its `rank` smallest runs so far, negated (a max-heap)."""
+        self.times: list[list[float]] = [[] for _ in range(graphs)]
+        """Per graph, all its runs so far (ms)."""
         self.reason = ""
         """Why `observe` last said stop: "settled", "max_time" or "max_runs"."""
 
@@ -203,12 +229,26 @@ class AdaptiveStop:
             return False
         return history[-1] >= history[-1 - window] * (1.0 - self.tolerance)
 
+    def ratio_width(self, graph: int) -> float:
+        """How far (relative) the 95% interval of this graph's ratio to graph 0 reaches from
+        the ratio, on its wider side (0 for graph 0 itself)."""
+        if graph == 0:
+            return 0.0
+        pairs = min(len(self.times[0]), len(self.times[graph]))
+        if pairs == 0:
+            return math.inf
+        ratios = np.asarray(self.times[graph][:pairs]) / np.asarray(self.times[0][:pairs])
+        middle = float(np.median(ratios))
+        low, high = median_interval(ratios.tolist())
+        return max(middle - low, high - middle) / middle
+
     def observe(self, round_times: Sequence[Sequence[float]]) -> bool:
         """Record one round (per graph, the times in ms of its block); True: stop timing."""
         if self.rounds == 0 and len(self.runs) != len(round_times):
             self.reset(len(round_times))
         self.rounds += 1
         for graph, times in enumerate(round_times):
+            self.times[graph].extend(float(time_ms) for time_ms in times)
             self.runs[graph] += len(times)
             self.timed_ms[graph] += float(sum(times))
             smallest = self._smallest[graph]
@@ -226,6 +266,9 @@ class AdaptiveStop:
             min(self.runs) >= self.min_runs
             and min(self.timed_ms) >= 1e3 * self.min_time_s
             and all(self.settled(graph) for graph in range(len(self.runs)))
+            and all(
+                self.ratio_width(graph) <= self.ratio_tolerance for graph in range(len(self.runs))
+            )
         ):
             self.reason = "settled"
         return bool(self.reason)
@@ -234,7 +277,8 @@ class AdaptiveStop:
         """The rule's parameters, for cache keys."""
         return (
             f"adaptive({self.min_time_s}-{self.max_time_s}s,tol={self.tolerance},"
-            f"patience={self.patience},fraction={self.patience_fraction},rank={self.rank})"
+            f"patience={self.patience},fraction={self.patience_fraction},rank={self.rank},"
+            f"ratio_tol={self.ratio_tolerance})"
         )
 
 

@@ -27,9 +27,10 @@ DEFAULT_TOP_K = 3
 
 
 def default_runner(settings: OrtSettings, min_time_s: float | None = None) -> Runner:
-    """The Runner of the final measurements: adaptive (each graph's low statistic settles,
-    1-10 s of timed runs per graph; see `rlflow.cost.runner.AdaptiveStop`) unless `min_time_s`
-    fixes the timed time per graph. Search, optimize and bench all time their results so."""
+    """The Runner of the final measurements: adaptive (until every ratio to the original is
+    known within 2%, 1-30 s of timed runs per graph; see `rlflow.cost.runner.AdaptiveStop`)
+    unless `min_time_s` fixes the timed time per graph. Search, optimize and bench all time
+    their results so."""
     return Runner(settings, runs=30, min_time_s=min_time_s)
 
 

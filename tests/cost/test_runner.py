@@ -19,6 +19,7 @@ from rlflow.cost.runner import (
     compare_times,
     kth_smallest,
     measurement_of,
+    median_interval,
 )
 from rlflow.cost.source import ModelSource
 from rlflow.errors import RlflowError
@@ -332,3 +333,34 @@ def test_adaptive_stop_is_never_settled_before_rank_runs():
     assert feed(stop, ([[1.0]] for _ in itertools.count())) == 4  # rank 3: defined at round 3
     assert stop.lows[0][:2] == [float("inf")] * 2 and stop.lows[0][2:] == [1.0, 1.0]
     assert "rank=3" in stop.key()
+
+
+def test_median_interval_covers_the_median_about_95_percent_of_the_time():
+    assert median_interval(list(range(1, 101))) == (40, 61)
+    assert median_interval([3.0]) == (3.0, 3.0)
+    rng = np.random.default_rng(0)
+    covered = sum(
+        low <= 0.0 <= high
+        for low, high in (median_interval(rng.standard_normal(60).tolist()) for _ in range(500))
+    )
+    assert 0.93 <= covered / 500 <= 0.99  # distribution-free: conservative, never far below
+
+
+def noisy_pairs(spread: float, seed: int = 0, block: int = 5):
+    """Two graphs of equal speed whose runs scatter by +- `spread` (relative), independently."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield [list(1.0 + spread * rng.uniform(-1, 1, block)) for _ in range(2)]
+
+
+def test_adaptive_stop_waits_until_the_ratio_is_known_closely_enough():
+    quiet = feed(rule(max_time_s=100.0), noisy_pairs(0.01))
+    stop = rule(max_time_s=100.0)
+    noisy = feed(stop, noisy_pairs(0.2))
+    assert stop.reason == "settled" and stop.ratio_width(1) <= stop.ratio_tolerance
+    assert noisy > 2 * quiet  # noisier pairs need more of them; the low statistic alone
+    assert feed(rule(max_time_s=100.0, ratio_tolerance=1.0), noisy_pairs(0.2)) < noisy
+    capped = rule(max_time_s=0.3)  # and the time bound still holds
+    feed(capped, noisy_pairs(0.2))
+    assert capped.reason == "max_time" and capped.ratio_width(1) > capped.ratio_tolerance
+    assert "ratio_tol=0.02" in AdaptiveStop().key()
