@@ -9,18 +9,19 @@ ratio of the 3rd-smallest runs is kept as secondary information. Results are cac
 (graph hash, settings), in memory and optionally on disk.
 
 Why the median of pairs (this departs from DESIGN.md's "compare the minimum", on evidence
-from this machine, docs/BENCHMARKS.md "Runner stability"): a model measured against itself
-10 times per setting, `scripts/bench_cost.py squeezenet-1.1 resnet-18 --size full --reps 10`
-on a quiet machine (load 0.5-1), gave 0.987-1.014 for the median of pairs in all 40
-repetitions, against 0.80-1.06 for the minimum and 0.79-1.08 for the 3rd smallest; at load
-4-7 (squeezenet, resnet-18, bert) the median of pairs was within 1 +- 0.03 in 53 of 60
-repetitions, the 3rd smallest in 26 and the minimum in 28. The low statistics are extreme
-values: a graph's fastest runs are rare moments when nothing else held the core, so which
-graph got them is luck, even on a quiet machine. A pair, by contrast, is two runs a block
-apart, which mostly saw the same load; the median over hundreds of pairs ignores the pairs
-the load split, whichever way it split them. (DESIGN.md had found per-pair ratios much
-noisier than minima; with the adaptive timing below, on this machine, it is the other way
-round.)
+from this machine, docs/BENCHMARKS.md "Measurement"): a model measured against itself 10
+times per setting, `scripts/bench_cost.py squeezenet-1.1 resnet-18 --size full --reps 10` on
+a quiet machine (load 0.5-1), gave 0.987-1.014 for the median of pairs in all 40
+repetitions, against 0.80-1.06 for the minimum and 0.79-1.08 for the 3rd smallest; over all
+nine full zoo models at both levels the median of pairs held 1 +- 0.03 in 172 of 180, the
+3rd smallest in 122, the minimum in 111; at load 4-7 (squeezenet, resnet-18, bert) the
+median of pairs in 53 of 60, the 3rd smallest in 26 and the minimum in 28. The low
+statistics are extreme values: a graph's fastest runs are rare moments when nothing else
+held the core, so which graph got them is luck, even on a quiet machine. A pair, by
+contrast, is two runs a block apart, which mostly saw the same load; the median over
+hundreds of pairs ignores the pairs the load split, whichever way it split them. (DESIGN.md
+had found per-pair ratios much noisier than minima; with the adaptive timing below, on this
+machine, it is the other way round.)
 
 How long to time is adaptive by default: a fixed quarter second per graph let a 10-ms model
 measured against itself stray to 0.90-1.26 here, so rounds of blocks go on until every
