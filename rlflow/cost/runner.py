@@ -211,16 +211,18 @@ class AdaptiveStop:
     def reset(self, graphs: int) -> None:
         """Start afresh for `graphs` graphs."""
         self.rounds = 0
-        self.runs = [0] * graphs
         self.timed_ms = [0.0] * graphs
         self.lows: list[list[float]] = [[] for _ in range(graphs)]
         """Per graph, its running `rank`-th smallest run after each round (inf before)."""
-        self._smallest: list[list[float]] = [[] for _ in range(graphs)]
-        """Per graph, its `rank` smallest runs so far, negated (a max-heap)."""
         self.times: list[list[float]] = [[] for _ in range(graphs)]
         """Per graph, all its runs so far (ms)."""
         self.reason = ""
         """Why `observe` last said stop: "settled", "max_time" or "max_runs"."""
+
+    @property
+    def runs(self) -> list[int]:
+        """Per graph, how many runs it has had so far."""
+        return [len(times) for times in self.times]
 
     def settled(self, graph: int) -> bool:
         """Whether this graph's low statistic improved by at most `tolerance` in the window."""
@@ -245,20 +247,15 @@ class AdaptiveStop:
 
     def observe(self, round_times: Sequence[Sequence[float]]) -> bool:
         """Record one round (per graph, the times in ms of its block); True: stop timing."""
-        if self.rounds == 0 and len(self.runs) != len(round_times):
+        if self.rounds == 0 and len(self.times) != len(round_times):
             self.reset(len(round_times))
         self.rounds += 1
         for graph, times in enumerate(round_times):
             self.times[graph].extend(float(time_ms) for time_ms in times)
-            self.runs[graph] += len(times)
             self.timed_ms[graph] += float(sum(times))
-            smallest = self._smallest[graph]
-            for time_ms in times:
-                if len(smallest) < self.rank:
-                    heapq.heappush(smallest, -float(time_ms))
-                elif time_ms < -smallest[0]:
-                    heapq.heapreplace(smallest, -float(time_ms))
-            self.lows[graph].append(-smallest[0] if len(smallest) == self.rank else math.inf)
+            so_far = self.times[graph]
+            low = kth_smallest(so_far, self.rank) if len(so_far) >= self.rank else math.inf
+            self.lows[graph].append(low)
         if max(self.timed_ms) >= 1e3 * self.max_time_s:
             self.reason = "max_time"
         elif max(self.runs) >= self.max_runs:
