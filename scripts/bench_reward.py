@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10, help="measurements per method")
     parser.add_argument("--ort-level", default="all", help="onnxruntime level (default all)")
     args = parser.parse_args(argv)
+    if args.reps < 2:
+        parser.error("--reps must be at least 2 (the table gives a standard deviation)")
 
     runner = Runner(OrtSettings(threads=1, ort_level=args.ort_level), min_time_s=REWARD_MEASURE_S)
     load_start = os.getloadavg()
