@@ -24,6 +24,7 @@ import onnxruntime as ort
 from rlflow import zoo
 from rlflow.cost import ORT_LEVELS, OrtSettings, Runner, check_equivalence
 from rlflow.graph import Graph, load_model
+from rlflow.report import format_rules
 from rlflow.rewrite import default_ruleset
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search import default_runner, make_cost, search
@@ -78,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| model | ort-level | method | original ms | result ms | speedup | steps "
-        "| expansions | wall s | equivalent (max abs err) |"
+        "| expansions | wall s | equivalent (max abs err) | rules applied |"
     )
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|")
     ruleset = default_ruleset()
     for name, graph in graphs.items():
         for level in args.levels.split(","):
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {name} | {level} | {method} | {result.original_ms:.2f} "
                     f"| {result.optimized_ms:.2f} | {result.speedup:.3f} "
                     f"| {len(result.actions)} | {result.expansions} | {result.wall_s:.1f} "
-                    f"| {verdict} |",
+                    f"| {verdict} | {format_rules(result.rules_applied)} |",
                     flush=True,
                 )
     return 0

@@ -18,12 +18,13 @@ from rlflow.report.runs import (
     real_env_steps,
     speedup_by_env_steps,
 )
-from rlflow.report.tables import ROW_FIELDS, render_report
+from rlflow.report.tables import ROW_FIELDS, format_rules, render_report
 
 __all__ = [
     "CURVE_TAGS",
     "EfficiencyPanel",
     "ROW_FIELDS",
+    "format_rules",
     "plot_learning_curves",
     "plot_speedup_bars",
     "plot_speedup_vs_env_steps",

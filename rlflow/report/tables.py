@@ -77,8 +77,9 @@ def _error(row: Row) -> str:
     return "—" if value is None else f"{value:.1e}"
 
 
-def _rules(row: Row) -> str:
-    rules = row.get("rules_applied") or {}
+def format_rules(rules: dict[str, int] | None) -> str:
+    """The three most used rules with their counts (rules come most used first), then how
+    many more: enough to tell two results apart in a table cell."""
     if not rules:
         return "none"
     shown = [f"{name} x{count}" for name, count in list(rules.items())[:3]]
@@ -135,7 +136,7 @@ def render_report(
             "",
             "Rules applied (most used first).",
             "",
-            *_table(at_level, models, methods, _rules),
+            *_table(at_level, models, methods, lambda row: format_rules(row.get("rules_applied"))),
             "",
         ]
     if plots:

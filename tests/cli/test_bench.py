@@ -10,6 +10,7 @@ from rlflow.cli import main
 from rlflow.commands.bench import DEFAULTS, load_config
 from rlflow.cost import check_equivalence
 from rlflow.graph import load_model
+from rlflow.report import format_rules
 from rlflow.zoo import cached_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,3 +109,11 @@ def test_agent_adds_learning_curves_and_env_steps(tiny_ppo_run, tmp_path, capsys
     assert agent["env_steps"] == progress["global_step"] > 0
     assert agent["method"] == f"agent:{tiny_ppo_run.name}" and agent["equivalent"]
     assert f"{agent['env_steps']:,}" in (out / "report.md").read_text()
+
+
+def test_rules_cell_names_the_three_most_used_then_counts_the_rest():
+    rules = {"conv-batchnorm-fold": 53, "conv-relu-to-fusedconv": 33, "gelu-fusion": 2, "x": 1}
+    assert format_rules(rules) == (
+        "conv-batchnorm-fold x53, conv-relu-to-fusedconv x33, gelu-fusion x2, +1 more"
+    )
+    assert format_rules({}) == format_rules(None) == "none"
