@@ -140,15 +140,20 @@ def measurement_of(
     )
 
 
+def pair_ratios(times: Sequence[float], reference: Sequence[float]) -> np.ndarray:
+    """run_k(graph) / run_k(reference) for every k (the k-th runs of the two, timed a block
+    apart; as many runs on each side): what a comparison takes the median of."""
+    return np.asarray(times, dtype=float) / np.asarray(reference, dtype=float)
+
+
 def compare_times(
     times: Sequence[Sequence[float]], measurements: Sequence[Measurement]
 ) -> Comparison:
     """The comparison of graphs timed interleaved: per graph its times (ms, the same number
     for every graph, pair k being the k-th run of each) and its measurement of them."""
-    reference = np.asarray(times[0], dtype=float)
     return Comparison(
         measurements=tuple(measurements),
-        ratios=tuple(float(np.median(np.asarray(t, dtype=float) / reference)) for t in times),
+        ratios=tuple(float(np.median(pair_ratios(t, times[0]))) for t in times),
         low_ratios=tuple(m.low_ms / measurements[0].low_ms for m in measurements),
     )
 
@@ -211,7 +216,6 @@ class AdaptiveStop:
     def reset(self, graphs: int) -> None:
         """Start afresh for `graphs` graphs."""
         self.rounds = 0
-        self.timed_ms = [0.0] * graphs
         self.lows: list[list[float]] = [[] for _ in range(graphs)]
         """Per graph, its running `rank`-th smallest run after each round (inf before)."""
         self.times: list[list[float]] = [[] for _ in range(graphs)]
@@ -223,6 +227,11 @@ class AdaptiveStop:
     def runs(self) -> list[int]:
         """Per graph, how many runs it has had so far."""
         return [len(times) for times in self.times]
+
+    @property
+    def timed_ms(self) -> list[float]:
+        """Per graph, the sum of its runs so far (ms)."""
+        return [float(sum(times)) for times in self.times]
 
     def settled(self, graph: int) -> bool:
         """Whether this graph's low statistic improved by at most `tolerance` in the window."""
@@ -240,7 +249,7 @@ class AdaptiveStop:
         pairs = min(len(self.times[0]), len(self.times[graph]))
         if pairs == 0:
             return math.inf
-        ratios = np.asarray(self.times[graph][:pairs]) / np.asarray(self.times[0][:pairs])
+        ratios = pair_ratios(self.times[graph][:pairs], self.times[0][:pairs])
         middle = float(np.median(ratios))
         low, high = median_interval(ratios.tolist())
         return max(middle - low, high - middle) / middle
@@ -252,7 +261,6 @@ class AdaptiveStop:
         self.rounds += 1
         for graph, times in enumerate(round_times):
             self.times[graph].extend(float(time_ms) for time_ms in times)
-            self.timed_ms[graph] += float(sum(times))
             so_far = self.times[graph]
             low = kth_smallest(so_far, self.rank) if len(so_far) >= self.rank else math.inf
             self.lows[graph].append(low)
