@@ -7,9 +7,11 @@ setup(
     version="0.1.0",
     description="Reinforcement-learned, verified tensor-graph rewriting on ONNX (X-RLflow, RLFlow)",
     python_requires=">=3.11",
-    packages=find_packages(
-        include=["rlflow", "rlflow.*", "worldmodel", "worldmodel.*", "envs", "envs.*"]
-    ),
+    # envs/ and worldmodel/ keep their top-level folders (the design card's layout) but install
+    # as rlflow.envs and rlflow.worldmodel: generic names like `envs` must not land in users'
+    # site-packages, where they would shadow or be shadowed by other projects' packages.
+    packages=[*find_packages(include=["rlflow", "rlflow.*"]), "rlflow.envs", "rlflow.worldmodel"],
+    package_dir={"rlflow.envs": "envs", "rlflow.worldmodel": "worldmodel"},
     package_data={"rlflow": ["rewrite/rules/*.json"]},
     include_package_data=True,
     install_requires=[

@@ -1,6 +1,6 @@
 """Gymnasium environments of rlflow, registered on import: `rlflow/GraphRewrite-v0`.
 
-Use: `import envs` then `gymnasium.make("rlflow/GraphRewrite-v0", models=["resnet-18"])`.
+Use: `import rlflow.envs` then `gymnasium.make("rlflow/GraphRewrite-v0", models=["resnet-18"])`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ MAX_EPISODE_STEPS = 50
 if GRAPH_REWRITE_ID not in registry:
     register(
         id=GRAPH_REWRITE_ID,
-        entry_point="envs.graph_rewrite:GraphRewriteEnv",
+        entry_point="rlflow.envs.graph_rewrite:GraphRewriteEnv",
         max_episode_steps=MAX_EPISODE_STEPS,
     )
 

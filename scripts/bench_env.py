@@ -39,7 +39,7 @@ def run_one(model: str, size: str, steps: int, seed: int) -> dict:
     import gymnasium
     import numpy as np
 
-    import envs  # noqa: F401  (registers the env)
+    import rlflow.envs  # noqa: F401  (registers the env)
 
     env = gymnasium.make("rlflow/GraphRewrite-v0", models=[model], size=size, cost="analytic")
     rng = np.random.default_rng(seed)
@@ -66,7 +66,7 @@ def run_one(model: str, size: str, steps: int, seed: int) -> dict:
         "candidates": candidates / steps,
         "steps_per_s": steps / elapsed,
         "episode": hashes.hexdigest()[:12],
-        "code": str(Path(envs.__file__).resolve().parent.parent),
+        "code": str(Path(rlflow.envs.__file__).resolve().parent.parent),
     }
 
 

@@ -26,8 +26,8 @@ import statistics
 import sys
 import time
 
-from envs.graph_rewrite import REWARD_MEASURE_S
 from rlflow.cost import AnalyticCostModel, OrtSettings, Runner
+from rlflow.envs.graph_rewrite import REWARD_MEASURE_S
 from rlflow.graph import Graph, load_model
 from rlflow.rewrite import default_ruleset
 from rlflow.rewrite.session import RewriteSession

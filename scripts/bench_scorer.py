@@ -27,12 +27,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-import envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
-from envs import GRAPH_REWRITE_ID
+import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.agents.evaluate import policy_rollouts
 from rlflow.agents.policy import load_ppo_policy
 from rlflow.agents.ppo import PPOConfig, evaluate_actions, make_scorer, policy_inputs, train
 from rlflow.cost import AnalyticCostModel
+from rlflow.envs import GRAPH_REWRITE_ID
 from rlflow.nn import SCORER_MODES
 
 

@@ -240,10 +240,10 @@ class Bench:
         each (seed 0; the world model's is its eval episode replayed); taso's is its -o file."""
         from rlflow.cost import OrtSettings, Runner
         from rlflow.graph import load_model
+        from rlflow.worldmodel.collect import CollectSettings, load_policy, make_env
+        from rlflow.worldmodel.controller import load_controller_policy
+        from rlflow.worldmodel.evaluate import real_env, run_episode
         from rlflow.zoo import cached_path
-        from worldmodel.collect import CollectSettings, load_policy, make_env
-        from worldmodel.controller import load_controller_policy
-        from worldmodel.evaluate import real_env, run_episode
 
         cached = self.results / f"remeasure-{budget}.json"
         if cached.is_file():

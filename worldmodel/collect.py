@@ -1,7 +1,7 @@
 """Real-environment rollouts for the world model: RLFlow's random agent, shards, resume.
 
 `collect(settings, out)` runs `settings.episodes` episodes of GraphRewrite-v0 with a policy and
-writes them as shards (`worldmodel.data`). Shard k holds the next `episodes_per_shard`
+writes them as shards (`rlflow.worldmodel.data`). Shard k holds the next `episodes_per_shard`
 episodes, seeded from (seed, k), so a rerun skips every shard the manifest lists as finished
 (never rewriting one) and a larger `episodes` only adds shards. The manifest records the real
 env steps and real end-to-end measurements each shard cost, for the sample-efficiency
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rlflow.errors import RlflowError
-from worldmodel.data import (
+from rlflow.worldmodel.data import (
     MANIFEST,
     SHARD_FORMAT,
     SHARD_PATTERN,
@@ -97,7 +97,7 @@ def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
             except ImportError:
                 raise RlflowError("this rlflow has no PPO agent (rlflow.agents.policy)") from None
             return load_ppo_policy(run_dir)
-        from worldmodel.controller import load_controller_policy
+        from rlflow.worldmodel.controller import load_controller_policy
 
         return load_controller_policy(run_dir)
     raise RlflowError(f"bad --policy {spec!r}: expected random, ppo:RUN_DIR or controller:RUN_DIR")
@@ -148,14 +148,14 @@ def make_env(settings: CollectSettings, env_config: Mapping[str, Any] | None = N
     """The real GraphRewrite-v0 env of `settings` (the policy's env_config underneath)."""
     import gymnasium as gym
 
-    import envs
+    import rlflow.envs
 
     kwargs: dict[str, Any] = dict(env_config or {})
     kwargs.pop("models", None)
     kwargs.update(settings.env)
     kwargs.update(size=settings.size, cost=settings.cost)
     kwargs.setdefault("max_episode_steps", settings.max_episode_steps)
-    return gym.make(envs.GRAPH_REWRITE_ID, models=list(settings.models), **kwargs)
+    return gym.make(rlflow.envs.GRAPH_REWRITE_ID, models=list(settings.models), **kwargs)
 
 
 def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> dict[str, Any]:
@@ -218,7 +218,7 @@ def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> 
 
 def _env_description(settings: CollectSettings) -> dict[str, Any]:
     """Rule names, feature names and padded sizes of the env: a loader needs them."""
-    from envs.graph_rewrite import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_TYPES
+    from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_TYPES
 
     policy = load_policy(settings.policy, settings.stop_probability)
     env = make_env(settings, policy.env_config)

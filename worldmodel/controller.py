@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from rlflow.errors import RlflowError
-from worldmodel.dream import DreamBatch
-from worldmodel.model import (
+from rlflow.worldmodel.dream import DreamBatch
+from rlflow.worldmodel.model import (
     CONFIG,
     WorldModel,
     load_checkpoint,
@@ -500,8 +500,8 @@ class ControllerPolicy:
     def __init__(self, world: WorldModel, controller: LinearController, temperature: float):
         self.world, self.controller, self.temperature = world, controller, temperature
         self.env_config: dict[str, Any] = env_config(world)
-        from envs.graph_rewrite import GLOBAL_FEATURES
         from rlflow.cost import AnalyticCostModel
+        from rlflow.nn.features import GLOBAL_FEATURES
 
         self._step_feature = GLOBAL_FEATURES.index("step_fraction")
         self._analytic = AnalyticCostModel()

@@ -280,7 +280,7 @@ class RolloutData:
     # ---- observations -----------------------------------------------------------------------
 
     def graph(self, index: int) -> dict[str, np.ndarray]:
-        """Observation `index`'s graph, unpadded, as `rlflow.nn.features.graph_to_data` reads
+        """Observation `index`'s graph, unpadded, as `rlflow.nn.data.graph_to_data` reads
         it (masks of ones over the real rows)."""
         n0, n1 = self.node_offsets[index], self.node_offsets[index + 1]
         e0, e1 = self.edge_offsets[index], self.edge_offsets[index + 1]

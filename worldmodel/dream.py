@@ -22,8 +22,8 @@ import torch
 from gymnasium import spaces
 
 from rlflow.errors import RlflowError
-from worldmodel.mdnrnn import sample_latent
-from worldmodel.model import WorldModel
+from rlflow.worldmodel.mdnrnn import sample_latent
+from rlflow.worldmodel.model import WorldModel
 
 MASK_THRESHOLD = 0.5
 """A rule counts as applicable in the dream when M gives it at least this probability."""
@@ -151,7 +151,7 @@ class DreamEnv(gym.Env):
 
     `Discrete(A)`: actions 0..A-2 apply one of the world model's active rules (`rule_names`,
     the rules that had a candidate somewhere in the collected data), A-1 stops. Which site a
-    rule is applied at does not exist in the dream (see worldmodel.controller).
+    rule is applied at does not exist in the dream (see rlflow.worldmodel.controller).
 
     ## Observation Space
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from rlflow.errors import RlflowError
-from worldmodel.collect import CollectSettings, RandomPolicy, make_env
-from worldmodel.controller import (
+from rlflow.worldmodel.collect import CollectSettings, RandomPolicy, make_env
+from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
     ControllerSettings,
     dream_returns,
@@ -27,7 +27,7 @@ from worldmodel.controller import (
     policy_from_checkpoint,
     tau_dir,
 )
-from worldmodel.model import WorldModel
+from rlflow.worldmodel.model import WorldModel
 
 
 def real_env(world: WorldModel, model: str) -> Any:

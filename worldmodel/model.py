@@ -19,9 +19,9 @@ from torch import Tensor
 from rlflow.errors import RlflowError, first_line
 from rlflow.fileio import write_bytes_atomic
 from rlflow.nn import collate_graphs, graph_to_data
-from worldmodel.data import observation_record
-from worldmodel.mdnrnn import MDNRNN
-from worldmodel.vae import GraphVAE
+from rlflow.worldmodel.data import observation_record
+from rlflow.worldmodel.mdnrnn import MDNRNN
+from rlflow.worldmodel.vae import GraphVAE
 
 VAE_CHECKPOINT = "vae.pt"
 MDNRNN_CHECKPOINT = "mdnrnn.pt"

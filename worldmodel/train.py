@@ -22,9 +22,9 @@ from torch_geometric.data import Batch
 from rlflow.cost.cache import write_json_atomic
 from rlflow.errors import RlflowError
 from rlflow.nn import graph_to_data
-from worldmodel.data import RolloutData
-from worldmodel.mdnrnn import MDNRNN, mdnrnn_losses
-from worldmodel.model import (
+from rlflow.worldmodel.data import RolloutData
+from rlflow.worldmodel.mdnrnn import MDNRNN, mdnrnn_losses
+from rlflow.worldmodel.model import (
     DREAM_START,
     DYNAMICS,
     LATENTS,
@@ -37,7 +37,7 @@ from worldmodel.model import (
     save_checkpoint,
     save_npz,
 )
-from worldmodel.vae import GraphVAE, vae_losses
+from rlflow.worldmodel.vae import GraphVAE, vae_losses
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The decoder does not rebuild the graph itself (a variable-size graph is not what the dynamics
 model needs): it reconstructs a fixed-size summary -- log op-type counts, each op type's share
 of the analytic cost, the global features (cost ratios, step fraction, ...) -- and which rules
-have a candidate (`worldmodel.data.graph_summary`, `rule_applicable`). Loss: reconstruction
+have a candidate (`rlflow.worldmodel.data.graph_summary`, `rule_applicable`). Loss: reconstruction
 (squared error on the summary + binary cross-entropy on applicability) + beta KL(q(z|G) || N(0, I)).
 """
 

@@ -12,9 +12,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-import envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
-from envs import GRAPH_REWRITE_ID, MAX_EPISODE_STEPS
+import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.agents.policy import Policy
+from rlflow.envs import GRAPH_REWRITE_ID, MAX_EPISODE_STEPS
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
 from rlflow.rewrite.session import RewriteSession

@@ -16,7 +16,7 @@ from rlflow.errors import RlflowError
 from rlflow.nn import CandidateScorer, candidate_batch, candidate_data, collate
 
 if TYPE_CHECKING:
-    from envs.graph_rewrite import GraphRewriteEnv
+    from rlflow.envs.graph_rewrite import GraphRewriteEnv
 
 
 @runtime_checkable

@@ -28,10 +28,10 @@ from torch import nn
 from torch.distributions import Categorical
 from torch_geometric.data import Data
 
-import envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
-from envs import GRAPH_REWRITE_ID
-from envs.graph_rewrite import GraphRewriteEnv
+import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.cost.cache import read_json, write_json_atomic
+from rlflow.envs import GRAPH_REWRITE_ID
+from rlflow.envs.graph_rewrite import GraphRewriteEnv
 from rlflow.errors import RlflowError, first_line
 from rlflow.fileio import write_bytes_atomic, write_text_atomic
 from rlflow.nn import (

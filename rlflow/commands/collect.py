@@ -42,8 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from worldmodel.collect import CollectSettings, collect
-    from worldmodel.config import build, overrides, section
+    from rlflow.worldmodel.collect import CollectSettings, collect
+    from rlflow.worldmodel.config import build, overrides, section
 
     started = time.perf_counter()
     set_torch_threads(args.threads)

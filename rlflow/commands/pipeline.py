@@ -172,7 +172,7 @@ def load_agent(run_dir: str | Path) -> tuple[str, Any]:
         if kind == "ppo":
             from rlflow.agents.policy import load_ppo_policy as load_policy
         else:
-            from worldmodel.controller import load_controller_policy as load_policy
+            from rlflow.worldmodel.controller import load_controller_policy as load_policy
     except ImportError as error:
         raise RlflowError(f"this rlflow cannot load {kind} runs yet ({error})") from None
     return kind, load_policy(run_dir)

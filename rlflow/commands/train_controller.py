@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.cost.cache import write_json_atomic
     from rlflow.errors import RlflowError
-    from worldmodel.config import build, overrides, section, write_run_config
-    from worldmodel.controller import ControllerSettings, train_controller
-    from worldmodel.model import WorldModel
+    from rlflow.worldmodel.config import build, overrides, section, write_run_config
+    from rlflow.worldmodel.controller import ControllerSettings, train_controller
+    from rlflow.worldmodel.model import WorldModel
 
     started = time.perf_counter()
     set_torch_threads(args.threads)
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     }
     report = None
     if args.eval_real:
-        from worldmodel.evaluate import evaluate_real, temperature_table
+        from rlflow.worldmodel.evaluate import evaluate_real, temperature_table
 
         models = args.models or list(world.meta["models"])
         report = evaluate_real(

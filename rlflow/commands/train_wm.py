@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from rlflow.errors import RlflowError
-    from worldmodel.config import build, overrides, section, write_run_config
-    from worldmodel.data import read_manifest
-    from worldmodel.train import WorldModelSettings, train_world_model
+    from rlflow.worldmodel.config import build, overrides, section, write_run_config
+    from rlflow.worldmodel.data import read_manifest
+    from rlflow.worldmodel.train import WorldModelSettings, train_world_model
 
     started = time.perf_counter()
     set_torch_threads(args.threads)

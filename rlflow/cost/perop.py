@@ -38,13 +38,12 @@ from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, TensorSpec, max_ort_ir_version
 from rlflow.errors import first_line
 from rlflow.graph import Graph, Node, load_model
+from rlflow.graph.domains import opset_for
 from rlflow.graph.hashing import digest
 
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
 # larger ones are weights, whose values do not change the running time.
 SMALL_CONSTANT = 8
-# Domains a graph may use without importing them (rewrites can introduce contrib ops).
-_DEFAULT_DOMAIN_VERSIONS = {"": 17, "com.microsoft": 1}
 # fmt: off
 _INDEX_INPUTS = {  # op type -> input slot holding indices into input 0 along attribute "axis"
     "Gather": 1, "GatherElements": 1, "ScatterElements": 1, "GatherND": 1, "ScatterND": 1,
@@ -288,10 +287,7 @@ def one_node_model(graph: Graph, node: Node) -> tuple[onnx.ModelProto, dict[str,
         op_type=node.op_type, domain=node.domain, input=node.inputs, output=node.outputs
     )
     proto.attribute.extend(node.attrs.values())
-    opset = dict(graph.opset)
-    opset.setdefault("", _DEFAULT_DOMAIN_VERSIONS[""])
-    if node.domain not in opset and node.domain != "ai.onnx":  # "ai.onnx" is the "" domain
-        opset[node.domain] = _DEFAULT_DOMAIN_VERSIONS.get(node.domain, 1)
+    opset = opset_for(graph.opset, ("", node.domain))
     model = helper.make_model(
         helper.make_graph([proto], f"one_{node.op_type}", inputs, outputs, initializers),
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in opset.items()],

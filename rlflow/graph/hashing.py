@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rlflow.graph.domains import is_standard
+
 if TYPE_CHECKING:
     from rlflow.graph.ir import Graph
 
@@ -111,9 +113,7 @@ def _hash_parts(node) -> tuple[bytes, bool, list[tuple[str, bytes]]]:
     prefix = _LEN16 + _node_digest(node) + _length_prefixed(b"|")
     if node.inputs:
         prefix += _LEN16
-    commutative = (
-        len(node.inputs) > 1 and node.op_type in COMMUTATIVE and node.domain in ("", "ai.onnx")
-    )
+    commutative = len(node.inputs) > 1 and node.op_type in COMMUTATIVE and is_standard(node.domain)
     outputs = [
         (out, _length_prefixed(str(index).encode()))
         for index, out in enumerate(node.outputs)

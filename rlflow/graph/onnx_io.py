@@ -17,12 +17,10 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from rlflow.errors import RlflowError, first_line
+from rlflow.graph.domains import is_standard, opset_for
 from rlflow.graph.ir import Graph, Node, Value
 from rlflow.graph.shapes import evaluate_node, fold_constants, infer_shapes, shapes_from_runtime
 
-# Domain versions written for operator domains a graph uses but its model did not import
-# (rewrites may introduce onnxruntime's contrib ops).
-DEFAULT_DOMAIN_VERSIONS = {"com.microsoft": 1, "ai.onnx.ml": 3}
 MAX_FOLD_ROUNDS = 8
 
 
@@ -207,7 +205,7 @@ def _constants_to_initializers(
 ) -> list[onnx.NodeProto]:
     remaining = []
     for node in nodes:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and is_standard(node.domain):
             values = evaluate_node(node, {}, opset_import)
             if values is not None:
                 initializers[node.output[0]] = values[0]
@@ -286,10 +284,7 @@ def graph_to_onnx(graph: Graph) -> onnx.ModelProto:
         initializer=[numpy_helper.from_array(a, n) for n, a in graph.initializers.items()],
         value_info=value_info,
     )
-    opset = dict(graph.opset)
-    for node in graph.nodes:
-        if node.domain not in opset and node.domain != "ai.onnx":
-            opset[node.domain] = DEFAULT_DOMAIN_VERSIONS.get(node.domain, 1)
+    opset = opset_for(graph.opset, (node.domain for node in graph.nodes))
     model = helper.make_model(
         onnx_graph,
         opset_imports=[helper.make_opsetid(domain, version) for domain, version in opset.items()],

@@ -9,6 +9,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rlflow.errors import RlflowError, first_line
+from rlflow.graph.domains import is_standard
 
 # Constants larger than this are handed to shape inference as typed inputs, not data:
 # it needs only the small ones (shape vectors) and copying weights would dominate load time.
@@ -101,7 +102,7 @@ def fold_constants(
 
 
 def _fold_one(node, initializers, types, opset_import) -> list[np.ndarray] | None:
-    if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC_OPS:
+    if not is_standard(node.domain) or node.op_type in NONDETERMINISTIC_OPS:
         return None
     if any(
         attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)

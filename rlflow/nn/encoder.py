@@ -12,7 +12,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GATv2Conv
 from torch_geometric.utils import scatter
 
-from envs.graph_rewrite import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
+from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 
 
 class GraphEncoder(nn.Module):

@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from torch_geometric.data import Batch, Data
 
 from rlflow.errors import RlflowError
+from rlflow.nn.data import collate_graphs, graph_to_data
 from rlflow.nn.encoder import GraphEncoder
-from rlflow.nn.features import collate_graphs, graph_to_data
 
 SCORER_MODES = ("local", "full")
 MASKED_LOGIT = -1e8

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper
 
 from rlflow.graph import Graph, Node
+from rlflow.graph.domains import STANDARD_DOMAINS, is_standard
 from rlflow.graph.hashing import COMMUTATIVE
 
 
@@ -183,7 +184,7 @@ class Pattern:
 
 
 def _domains(domain: str) -> tuple[str, ...]:
-    return ("", "ai.onnx") if domain in ("", "ai.onnx") else (domain,)
+    return STANDARD_DOMAINS if is_standard(domain) else (domain,)
 
 
 def _plan(nodes: Sequence[PatternNode], anchor: int) -> list[tuple[int, str, str]]:

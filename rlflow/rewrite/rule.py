@@ -22,13 +22,13 @@ from onnx import helper, numpy_helper
 
 from rlflow.graph import Graph, GraphError, Node, Value, fresh_name, topological_order
 from rlflow.graph.derive import Derivation
+from rlflow.graph.domains import STANDARD_DOMAINS, onnx_opset
 from rlflow.graph.ir import _outer_scope_inputs
 from rlflow.rewrite.pattern import Pattern
 
 if TYPE_CHECKING:
     from rlflow.rewrite.memo import RewriteMemo
 
-STANDARD_DOMAINS = ("", "ai.onnx")
 # Constants up to this size are handed to ONNX shape inference as data (Reshape's shape, ...).
 _SMALL_CONST = 4096
 
@@ -548,7 +548,7 @@ def infer_node(
     """ONNX per-node shape inference for a standard-domain node ({} for other domains)."""
     if node.domain not in STANDARD_DOMAINS:
         return {}
-    version = graph.opset.get("", graph.opset.get("ai.onnx", 17))
+    version = onnx_opset(graph.opset)
     schema = _schema(node.op_type, version)
     if schema is None:
         raise RewriteRejected(f"no ONNX schema for {node.op_type} at opset {version}")

@@ -37,6 +37,7 @@ from onnx import numpy_helper
 
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_bytes_atomic
+from rlflow.graph.domains import is_standard
 from rlflow.zoo import cnns, transformers
 from rlflow.zoo.benchmark import Benchmark
 
@@ -163,7 +164,7 @@ def _lift_constants(graph: onnx.GraphProto) -> None:
     kept = []
     for node in graph.node:
         value = next((a for a in node.attribute if a.name == "value"), None)
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None:
+        if node.op_type == "Constant" and is_standard(node.domain) and value is not None:
             tensor = numpy_helper.from_array(numpy_helper.to_array(value.t), node.output[0])
             graph.initializer.append(tensor)
         else:

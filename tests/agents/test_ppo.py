@@ -10,11 +10,11 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from envs.graph_rewrite import _default_rules
 from rlflow.agents.evaluate import policy_rollouts
 from rlflow.agents.policy import Policy, PPOPolicy, load_ppo_policy
 from rlflow.agents.ppo import CHECKPOINT, PPOConfig, load_checkpoint, make_scorer, train
 from rlflow.cost import AnalyticCostModel
+from rlflow.envs.graph_rewrite import _default_rules
 from rlflow.errors import RlflowError
 
 TAGS = (

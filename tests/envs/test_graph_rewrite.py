@@ -13,17 +13,11 @@ import pytest
 import yaml
 from gymnasium.utils.env_checker import check_env
 
-import envs
-from envs.graph_rewrite import (
-    EDGE_FEATURES,
-    GLOBAL_FEATURES,
-    NODE_FEATURES,
-    GraphRewriteEnv,
-    capped_indices,
-    graph_edges,
-)
+import rlflow.envs
 from rlflow.cost import OrtSettings, PerOpCostModel, Runner
+from rlflow.envs.graph_rewrite import GraphRewriteEnv, capped_indices
 from rlflow.errors import RlflowError
+from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, graph_edges
 from rlflow.rewrite.session import EpisodeState, RewriteSession
 
 SMALL = "resnet-18"  # 41 operators, 16 candidates from 3 rules
@@ -60,10 +54,10 @@ def run_episode(env: gym.Env, seed: int, steps: int, action_seed: int = 0) -> li
 
 
 def test_import_registers_the_env_and_make_applies_the_time_limit():
-    assert envs.GRAPH_REWRITE_ID in gym.registry
+    assert rlflow.envs.GRAPH_REWRITE_ID in gym.registry
     spec = gym.spec("rlflow/GraphRewrite-v0")
-    assert spec.entry_point == "envs.graph_rewrite:GraphRewriteEnv"
-    assert spec.max_episode_steps == envs.MAX_EPISODE_STEPS
+    assert spec.entry_point == "rlflow.envs.graph_rewrite:GraphRewriteEnv"
+    assert spec.max_episode_steps == rlflow.envs.MAX_EPISODE_STEPS
     env = gym.make("rlflow/GraphRewrite-v0", models=[SMALL], max_episode_steps=3)
     obs, info = env.reset(seed=0)
     assert env.observation_space.contains(obs)
@@ -299,7 +293,7 @@ def test_configs_env_yaml_mirrors_the_constructor_defaults():
         for name, parameter in inspect.signature(GraphRewriteEnv).parameters.items()
         if name not in ("runner", "perop_model", "ruleset", "render_mode")
     }
-    assert config.pop("max_episode_steps") == envs.MAX_EPISODE_STEPS
+    assert config.pop("max_episode_steps") == rlflow.envs.MAX_EPISODE_STEPS
     assert config.pop("models") == ["squeezenet-1.1"] and defaults.pop("models") is None
     assert config == defaults
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from envs.graph_rewrite import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 from rlflow.nn import GraphEncoder, RewriteData
-from rlflow.nn.features import collate_graphs
+from rlflow.nn.data import collate_graphs
+from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 
 F, E, G = len(NODE_FEATURES), len(EDGE_FEATURES), len(GLOBAL_FEATURES)
 

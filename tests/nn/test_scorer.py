@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-import envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
+import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.errors import RlflowError
 from rlflow.nn import (
     MASKED_LOGIT,

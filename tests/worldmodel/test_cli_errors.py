@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from rlflow.cli import main
+from rlflow.worldmodel.collect import CollectSettings
+from rlflow.worldmodel.config import DEFAULT_CONFIG
+from rlflow.worldmodel.controller import ControllerSettings
+from rlflow.worldmodel.train import WorldModelSettings
 from tests.worldmodel.conftest import rlflow
-from worldmodel.collect import CollectSettings
-from worldmodel.config import DEFAULT_CONFIG
-from worldmodel.controller import ControllerSettings
-from worldmodel.train import WorldModelSettings
 
 
 def one_line_error(capsys, argv: list[str], *needles: str) -> str:

@@ -10,10 +10,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import envs
+import rlflow.envs
 from rlflow.errors import RlflowError
-from worldmodel.collect import CollectSettings, RandomPolicy, collect, load_policy
-from worldmodel.data import (
+from rlflow.worldmodel.collect import CollectSettings, RandomPolicy, collect, load_policy
+from rlflow.worldmodel.data import (
     EpisodeRecord,
     RolloutData,
     observation_record,
@@ -37,7 +37,7 @@ def _digest(path):
 
 
 def test_shards_round_trip_the_padded_observations(tmp_path):
-    env = gym.make(envs.GRAPH_REWRITE_ID, models=[MODEL], max_nodes=64, max_edges=128)
+    env = gym.make(rlflow.envs.GRAPH_REWRITE_ID, models=[MODEL], max_nodes=64, max_edges=128)
     num_rules = len(env.unwrapped.rule_names)
     rng = np.random.default_rng(0)
     policy = RandomPolicy(0.0)

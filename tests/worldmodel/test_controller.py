@@ -5,20 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from envs.graph_rewrite import GraphRewriteEnv
 from rlflow.cli import main
 from rlflow.cost import AnalyticCostModel, Runner
+from rlflow.envs.graph_rewrite import GraphRewriteEnv
 from rlflow.errors import RlflowError
-from worldmodel.collect import RandomPolicy
-from worldmodel.controller import (
+from rlflow.worldmodel.collect import RandomPolicy
+from rlflow.worldmodel.controller import (
     ControllerSettings,
     LinearController,
     batched_logits,
     dream_returns,
     load_controller_policy,
 )
-from worldmodel.evaluate import real_env, run_episode
-from worldmodel.model import WorldModel
+from rlflow.worldmodel.evaluate import real_env, run_episode
+from rlflow.worldmodel.model import WorldModel
 
 
 class Counter:

@@ -7,8 +7,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from rlflow.errors import RlflowError
-from worldmodel.dream import DreamBatch, DreamEnv
-from worldmodel.model import WorldModel
+from rlflow.worldmodel.dream import DreamBatch, DreamEnv
+from rlflow.worldmodel.model import WorldModel
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_dream_starts_at_the_recorded_cost(world):
 
 
 def test_world_model_of_the_reward_predicting_kind_is_refused(pipeline, world):
-    from worldmodel.model import MDNRNN_CHECKPOINT, VAE_CHECKPOINT, load_checkpoint
+    from rlflow.worldmodel.model import MDNRNN_CHECKPOINT, VAE_CHECKPOINT, load_checkpoint
 
     vae = load_checkpoint(pipeline.wm / VAE_CHECKPOINT)
     rnn = load_checkpoint(pipeline.wm / MDNRNN_CHECKPOINT)

@@ -9,11 +9,11 @@ import torch
 import yaml
 
 from rlflow.nn import collate_graphs
-from worldmodel.data import RolloutData
-from worldmodel.mdnrnn import MDNRNN, MDNOutput, mdn_nll, sample_latent
-from worldmodel.model import WorldModel, load_npz
-from worldmodel.train import evaluate_rnn, rnn_kwargs
-from worldmodel.vae import GraphVAE, vae_losses
+from rlflow.worldmodel.data import RolloutData
+from rlflow.worldmodel.mdnrnn import MDNRNN, MDNOutput, mdn_nll, sample_latent
+from rlflow.worldmodel.model import WorldModel, load_npz
+from rlflow.worldmodel.train import evaluate_rnn, rnn_kwargs
+from rlflow.worldmodel.vae import GraphVAE, vae_losses
 
 
 def test_trained_mdnrnn_beats_untrained_on_held_out_rollouts(pipeline):
@@ -36,7 +36,7 @@ def test_trained_mdnrnn_beats_untrained_on_held_out_rollouts(pipeline):
 
 
 def _settings(config):
-    from worldmodel.train import WorldModelSettings
+    from rlflow.worldmodel.train import WorldModelSettings
 
     fields = WorldModelSettings.__dataclass_fields__
     return WorldModelSettings(**{k: v for k, v in config.items() if k in fields})
@@ -71,7 +71,7 @@ def test_vae_losses_free_bits():
     mu = torch.zeros(2, 4)
     logsigma = torch.zeros(2, 4)
     summary, logits = vae.decode(mu)
-    from worldmodel.vae import VAEOutput
+    from rlflow.worldmodel.vae import VAEOutput
 
     out = VAEOutput(mu, logsigma, mu, summary, logits)
     losses = vae_losses(out, torch.zeros(2, 2), torch.zeros(2, 3), beta=1.0, kl_tolerance=0.5)

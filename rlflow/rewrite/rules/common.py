@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlflow.graph import Graph, Node
+from rlflow.graph.domains import onnx_opset
 from rlflow.rewrite.rule import Emitter
 
 FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
@@ -29,7 +30,7 @@ def shape(graph: Graph, name: str) -> tuple[int, ...]:
 
 
 def opset(graph: Graph) -> int:
-    return graph.opset.get("", graph.opset.get("ai.onnx", 17))
+    return onnx_opset(graph.opset)
 
 
 def emit_split(

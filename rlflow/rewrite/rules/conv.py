@@ -22,11 +22,10 @@ import numpy as np
 import onnx
 
 from rlflow.graph import Graph, Node
+from rlflow.graph.domains import MS_DOMAIN as MS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement, Rule, both_ways
 from rlflow.rewrite.rules.common import emit_split, only_reader, pick, shape, split_sizes
-
-MS = "com.microsoft"
 
 
 def conv_attrs(node: Node, spatial: int) -> dict:

@@ -18,11 +18,10 @@ import numpy as np
 import onnx
 
 from rlflow.graph import Graph
+from rlflow.graph.domains import MS_DOMAIN as MS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
 from rlflow.rewrite.rules.common import FLOAT_TYPES, opset, pick, rank, scalar, shape
-
-MS = "com.microsoft"
 
 
 def _near(graph: Graph, name: str, wanted: float) -> bool:

@@ -16,11 +16,10 @@ import numpy as np
 import onnx
 
 from rlflow.graph import Graph
+from rlflow.graph.domains import MS_DOMAIN as MS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement, both_ways
 from rlflow.rewrite.rules.common import FLOAT_TYPES, pick, rank, scalar, shape
-
-MS = "com.microsoft"
 
 
 class MatMulAddToGemm(PatternRule):

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-import envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
-from envs.graph_rewrite import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
+import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.errors import RlflowError
 from rlflow.nn import collate, observation_to_data
+from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 
 
 @pytest.fixture(scope="module")
