@@ -241,8 +241,8 @@ class Bench:
         from rlflow.cost import OrtSettings, Runner
         from rlflow.graph import load_model
         from rlflow.worldmodel.collect import CollectSettings, load_policy, make_env
-        from rlflow.worldmodel.controller import load_controller_policy
         from rlflow.worldmodel.evaluate import real_env, run_episode
+        from rlflow.worldmodel.policy import load_controller_policy
         from rlflow.zoo import cached_path
 
         cached = self.results / f"remeasure-{budget}.json"
@@ -251,7 +251,7 @@ class Bench:
         args = self.args
         runner = Runner(OrtSettings(threads=1, ort_level="all"))
         policy = load_controller_policy(self.out / f"controller-{budget}")
-        ppo_policy = load_policy(f"ppo:{args.ppo}")
+        ppo_policy = load_policy(f"agent:{args.ppo}")
         ppo_horizon = int(_read_yaml(Path(args.ppo) / "config.yaml").get("horizon", 50))
         table: dict[str, Any] = {}
         for model in args.models:

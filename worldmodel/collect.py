@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rlflow.agents.spec import is_agent_spec, parse_agent
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.data import (
     MANIFEST,
@@ -34,8 +35,6 @@ from rlflow.worldmodel.data import (
     write_manifest,
     write_shard,
 )
-
-POLICY_KINDS = ("random", "ppo", "controller")
 
 
 class Policy(Protocol):
@@ -83,24 +82,15 @@ class RandomPolicy:
 
 
 def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
-    """`random`, `ppo:RUN_DIR` (a `rlflow train-ppo` run) or `controller:RUN_DIR` (a
-    `rlflow train-controller` run, for World Models' iterative collection)."""
-    kind, _, run_dir = spec.partition(":")
-    if kind == "random" and not run_dir:
+    """`random` (RLFlow's random agent) or `agent:RUN_DIR` (a `rlflow train-ppo` run, or a
+    `rlflow train-controller` run for World Models' iterative collection)."""
+    if spec == "random":
         return RandomPolicy(stop_probability)
-    if kind in ("ppo", "controller") and run_dir:
-        if not Path(run_dir).is_dir():
-            raise RlflowError(f"no such run directory: {run_dir}")
-        if kind == "ppo":
-            try:
-                from rlflow.agents.policy import load_ppo_policy
-            except ImportError:
-                raise RlflowError("this rlflow has no PPO agent (rlflow.agents.policy)") from None
-            return load_ppo_policy(run_dir)
-        from rlflow.worldmodel.controller import load_controller_policy
+    if not is_agent_spec(spec) or not spec.partition(":")[2]:
+        raise RlflowError(f"bad --policy {spec!r}: expected random or agent:RUN_DIR")
+    from rlflow.worldmodel.policy import load_agent_policy
 
-        return load_controller_policy(run_dir)
-    raise RlflowError(f"bad --policy {spec!r}: expected random, ppo:RUN_DIR or controller:RUN_DIR")
+    return load_agent_policy(parse_agent(spec))
 
 
 @dataclass

@@ -24,10 +24,10 @@ from rlflow.worldmodel.controller import (
     ControllerSettings,
     dream_returns,
     geometric_mean,
-    policy_from_checkpoint,
     tau_dir,
 )
 from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.policy import policy_from_checkpoint
 
 
 def real_env(world: WorldModel, model: str) -> Any:

@@ -23,7 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--episodes", type=int, help="episodes wanted in DATA_DIR (default 64)")
     parser.add_argument(
-        "--policy", help="random (default) | ppo:RUN_DIR | controller:RUN_DIR", metavar="POLICY"
+        "--policy",
+        help="random (default) | agent:RUN_DIR (a train-ppo or train-controller run)",
+        metavar="POLICY",
     )
     parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
@@ -42,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlflow.config import build, overrides, section
     from rlflow.worldmodel.collect import CollectSettings, collect
-    from rlflow.worldmodel.config import build, overrides, section
 
     started = time.perf_counter()
     set_torch_threads(args.threads)

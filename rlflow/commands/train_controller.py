@@ -62,9 +62,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rlflow.config import build, overrides, section, write_run_config
     from rlflow.cost.cache import write_json_atomic
     from rlflow.errors import RlflowError
-    from rlflow.worldmodel.config import build, overrides, section, write_run_config
     from rlflow.worldmodel.controller import ControllerSettings, train_controller
     from rlflow.worldmodel.model import WorldModel
 

@@ -37,8 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rlflow.config import build, overrides, section, write_run_config
     from rlflow.errors import RlflowError
-    from rlflow.worldmodel.config import build, overrides, section, write_run_config
     from rlflow.worldmodel.data import read_manifest
     from rlflow.worldmodel.train import WorldModelSettings, train_world_model
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from rlflow.cli import main
+from rlflow.config import DEFAULT_CONFIG
 from rlflow.worldmodel.collect import CollectSettings
-from rlflow.worldmodel.config import DEFAULT_CONFIG
 from rlflow.worldmodel.controller import ControllerSettings
 from rlflow.worldmodel.train import WorldModelSettings
 from tests.worldmodel.conftest import rlflow

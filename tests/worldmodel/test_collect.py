@@ -155,7 +155,7 @@ def test_bad_policy_specs(spec):
 
 
 def test_missing_policy_run_dir(tmp_path):
-    with pytest.raises(RlflowError, match="no such run directory"):
+    with pytest.raises(RlflowError, match="no such agent run directory"):
         load_policy(f"ppo:{tmp_path / 'missing'}")
 
 

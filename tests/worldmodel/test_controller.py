@@ -15,10 +15,10 @@ from rlflow.worldmodel.controller import (
     LinearController,
     batched_logits,
     dream_returns,
-    load_controller_policy,
 )
 from rlflow.worldmodel.evaluate import real_env, run_episode
 from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.policy import load_controller_policy
 
 
 class Counter:

@@ -1,8 +1,8 @@
-"""Settings of the world-model commands: configs/worldmodel.yaml, CLI overrides, run configs.
+"""Settings of the commands: YAML config files, CLI overrides, run directories' config.yaml.
 
-Precedence: the dataclass defaults, then the config file's section (`collect`, `train_wm`,
-`train_controller`), then the flags given on the command line. A run directory keeps the
-settings it was made with in `config.yaml` (with its `kind`); a rerun must agree with them.
+The one place rlflow reads YAML. Precedence: the settings dataclass's defaults, then the config
+file's section, then the flags given on the command line. A run directory keeps the settings it
+was made with in `config.yaml` (with its `kind`); a rerun must agree with them.
 """
 
 from __future__ import annotations

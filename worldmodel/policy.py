@@ -1,0 +1,181 @@
+"""The dream-trained controller acting in the real env, and any trained agent as a `Policy`.
+
+A controller picks a *rule* (or stop): logits = W [z_t, h_t] + b over the world model's
+active rules and stop, masked to the applicable ones, argmax (sampled when not
+deterministic). The dream has no sites, so in the real env a rule becomes a concrete
+candidate this way (`ControllerPolicy.act`):
+
+1. z_t is the VAE mean of the real observation; h_t is the MDN-RNN state carried through the
+   episode (reset when the observation's step fraction is 0, or by `reset()`).
+2. The real action mask decides which rules are applicable: an active rule with at least
+   one candidate on offer, plus stop (rules the collected data never saw cannot be chosen).
+3. Among the chosen rule's offered candidates, the one whose rewritten graph has the lowest
+   analytic (roofline) cost is applied -- a free, deterministic site choice that needs no
+   measurement. Without the env object (`env=None`), the rule's first offered slot is used.
+4. h is advanced with (z_t, rule), exactly as in the dream.
+
+`load_agent_policy` opens any `agent:RUN_DIR` (`rlflow.agents.spec`): a PPO run or a
+controller run; it lives here because only this layer knows both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlflow.agents.policy import Policy
+from rlflow.agents.spec import AgentSpec
+from rlflow.config import read_yaml
+from rlflow.errors import RlflowError
+from rlflow.worldmodel.controller import (
+    CONTROLLER_CHECKPOINT,
+    WORLD_BUNDLE,
+    LinearController,
+    masked_argmax,
+    tau_dir,
+)
+from rlflow.worldmodel.model import CONFIG, WorldModel, load_checkpoint
+
+
+def env_config(world: WorldModel) -> dict[str, Any]:
+    """GraphRewriteEnv keyword arguments (minus models) of the world model's data."""
+    config = dict(world.meta["env"])
+    config.pop("max_episode_steps", None)
+    return config
+
+
+class ControllerPolicy:
+    """A dream-trained controller acting in GraphRewrite-v0 (the Policy protocol of
+    rlflow.agents.policy): `act(observation, *, deterministic, rng, env=None) -> slot`.
+
+    See the module docstring for how a rule becomes a candidate.
+    """
+
+    def __init__(self, world: WorldModel, controller: LinearController, temperature: float):
+        self.world, self.controller, self.temperature = world, controller, temperature
+        self.env_config: dict[str, Any] = env_config(world)
+        from rlflow.cost import AnalyticCostModel
+        from rlflow.nn.features import GLOBAL_FEATURES
+
+        self._step_feature = GLOBAL_FEATURES.index("step_fraction")
+        self._analytic = AnalyticCostModel()
+        self._costs: dict[str, float] = {}
+        self._translations: dict[tuple[str, ...], np.ndarray] = {}
+        self._state: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def reset(self) -> None:
+        """Forget the episode's recurrent state (done automatically at step fraction 0)."""
+        self._state = None
+
+    def _translate(self, rules: np.ndarray, env_rules: list[str]) -> np.ndarray:
+        """Rule ids of an env with another rule list, as ids of the world model's (-1 if
+        unknown: such candidates cannot be chosen)."""
+        key = tuple(env_rules)
+        table = self._translations.get(key)
+        if table is None:
+            ids = {name: index for index, name in enumerate(self.world.rule_names)}
+            table = np.array([ids.get(name, -1) for name in env_rules], dtype=np.int64)
+            self._translations[key] = table
+        return np.where(rules >= 0, table[np.clip(rules, 0, None)], -1)
+
+    def _candidate_cost(self, graph: Any) -> float:
+        digest = graph.canonical_hash()
+        if digest not in self._costs:
+            self._costs[digest] = self._analytic.cost_ms(graph)
+        return self._costs[digest]
+
+    @torch.no_grad()
+    def act(
+        self,
+        observation: Mapping[str, np.ndarray],
+        *,
+        deterministic: bool = True,
+        rng: np.random.Generator | None = None,
+        env: Any = None,
+    ) -> int:
+        observation = dict(observation)
+        unwrapped = getattr(env, "unwrapped", env)
+        if unwrapped is not None and list(unwrapped.rule_names) != self.world.rule_names:
+            observation["candidate_rules"] = self._translate(
+                np.asarray(observation["candidate_rules"]), list(unwrapped.rule_names)
+            )
+        if float(observation["global_features"][self._step_feature]) == 0.0:
+            self.reset()
+        world = self.world
+        mu, _ = world.encode([observation])
+        hidden = self._state[0][0] if self._state is not None else torch.zeros(1, world.hidden)
+        x = torch.cat([mu, hidden], dim=1).numpy().astype(np.float64)
+        logits = self.controller.logits(x)[0]
+        valid = world.applicable_actions(observation)
+        if deterministic or rng is None:
+            action = int(masked_argmax(logits, valid))
+        else:
+            masked = np.where(valid, logits, -np.inf)
+            probs = np.exp(masked - masked.max())
+            action = int(rng.choice(len(probs), p=probs / probs.sum()))
+        rule = int(world.action_rules(np.array([action]))[0])
+        _, self._state = world.rnn(
+            mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self._state
+        )
+        mask = np.asarray(observation["action_mask"])
+        stop = len(mask) - 1
+        if action == world.num_actions - 1:
+            return stop
+        rules = np.asarray(observation["candidate_rules"])
+        slots = np.flatnonzero((rules == rule) & (mask[:-1] > 0))
+        if env is None or len(slots) == 1:
+            return int(slots[0])
+        candidates = unwrapped.offered_candidates()
+        costs = [self._candidate_cost(candidates[slot].graph) for slot in slots]
+        return int(slots[int(np.argmin(costs))])
+
+    def __repr__(self) -> str:
+        return (
+            f"ControllerPolicy(tau={self.temperature:g}, actions={self.world.num_actions}, "
+            f"inputs={self.controller.input_dim})"
+        )
+
+
+def load_controller_policy(
+    run_dir: str | Path, temperature: float | None = None
+) -> ControllerPolicy:
+    """The policy of a `rlflow train-controller` run (at its main temperature by default)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RlflowError(f"no such controller run directory: {run_dir}")
+    config_path = run_dir / CONFIG
+    if not config_path.is_file():
+        raise RlflowError(f"{run_dir} has no {CONFIG}: not a controller run")
+    config = read_yaml(config_path)
+    if config.get("kind") != "controller":
+        raise RlflowError(f"{config_path} is not a controller run config (kind != controller)")
+    if temperature is None:
+        temperature = float(config.get("temperature", 1.0))
+    world = WorldModel.from_bundle(run_dir / WORLD_BUNDLE)
+    return policy_from_checkpoint(world, tau_dir(run_dir, temperature) / CONTROLLER_CHECKPOINT)
+
+
+def policy_from_checkpoint(world: WorldModel, path: Path) -> ControllerPolicy:
+    checkpoint = load_checkpoint(path, "controller checkpoint")
+    try:
+        params = checkpoint["params"].numpy()
+        controller = LinearController(checkpoint["num_actions"], checkpoint["input_dim"], params)
+        temperature = float(checkpoint["temperature"])
+    except (KeyError, AttributeError) as error:
+        raise RlflowError(f"controller checkpoint {path} is incomplete ({error})") from None
+    if controller.num_actions != world.num_actions:
+        raise RlflowError(f"controller checkpoint {path} does not fit its world model")
+    return ControllerPolicy(world, controller, temperature)
+
+
+def load_agent_policy(spec: AgentSpec) -> Policy:
+    """The policy of a trained agent: its PPO checkpoint or its controller."""
+    if spec.kind == "ppo":
+        from rlflow.agents.policy import load_ppo_policy
+
+        return load_ppo_policy(spec.run_dir)
+    return load_controller_policy(spec.run_dir)
