@@ -55,7 +55,7 @@ def read_agent(run_dir: str | Path) -> AgentSpec:
         raise RlflowError(f"{config_path} names no kind (ppo or controller)")
     if kind not in AGENT_KINDS:
         raise RlflowError(
-            f"{config_path}: {kind!r} is not an agent; expected a run of {' or '.join(AGENT_KINDS)}"
+            f"{config_path}: unknown kind {kind!r}; expected {' or '.join(AGENT_KINDS)}"
         )
     return AgentSpec(path, str(kind))
 

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.commands.common import model_label, model_path, print_json
-from rlflow.commands.pipeline import AGENT_PREFIX, COST_CHOICES, is_agent, method_label
+from rlflow.config import read_yaml
 from rlflow.errors import RlflowError
+from rlflow.optimize import Method
+from rlflow.search import COST_MODELS
 
 DEFAULTS: dict[str, Any] = {
     "models": ["squeezenet-1.1", "resnet-18"],
@@ -57,7 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget", type=int, help="search expansions (default: the method's)")
     parser.add_argument(
         "--cost",
-        choices=COST_CHOICES,
+        choices=COST_MODELS,
         help="cost model ranking graphs (default analytic; an agent: its env's reward source)",
     )
     parser.add_argument("--episodes", type=int, help="agent rollouts per model (default 4)")
@@ -86,16 +88,7 @@ def load_config(path: str | os.PathLike | None) -> dict[str, Any]:
     options = dict(DEFAULTS)
     if path is None:
         return options
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except OSError:
-        raise RlflowError(f"cannot read config {path}") from None
-    except yaml.YAMLError as error:
-        raise RlflowError(f"config {path} is not valid YAML: {type(error).__name__}") from None
-    if not isinstance(data, dict):
-        raise RlflowError(f"config {path} is not a YAML mapping")
+    data = read_yaml(path)
     unknown = sorted(set(data) - set(DEFAULTS))
     if unknown:
         raise RlflowError(f"config {path}: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
@@ -109,8 +102,7 @@ def _split(values: list[str] | str) -> list[str]:
 
 
 def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Config values overridden by the flags given; checked."""
-    from rlflow.commands.pipeline import validate_method
+    """Config values overridden by the flags given; checked. `methods` become `Method`s."""
     from rlflow.cost import ORT_LEVELS
 
     options = load_config(args.config)
@@ -139,9 +131,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         raise RlflowError(f"size must be small or full, got {options['size']!r}")
     if options["min_time"] is not None and options["min_time"] < 0:
         raise RlflowError(f"--min-time must be at least 0, got {options['min_time']}")
-    for method in options["methods"]:
-        validate_method(method)
-    labels = [method_label(method) for method in options["methods"]]
+    options["methods"] = [Method.parse(method) for method in options["methods"]]
+    labels = [method.label for method in options["methods"]]
     if len(set(labels)) != len(labels):
         raise RlflowError(f"two methods share a name in the report: {labels}")
     for model in options["models"]:
@@ -157,7 +148,8 @@ def _fingerprint(options: dict[str, Any]) -> dict[str, Any]:
 
 def command_line(options: dict[str, Any], out: str | os.PathLike) -> str:
     """The `rlflow bench` command that reproduces these options."""
-    words = ["rlflow", "bench", "--models", *options["models"], "--methods", *options["methods"]]
+    methods = [str(method) for method in options["methods"]]
+    words = ["rlflow", "bench", "--models", *options["models"], "--methods", *methods]
     words += ["--ort-levels", ",".join(options["ort_levels"]), "--size", options["size"]]
     for key in ("budget", "cost", "episodes", "top_k", "seed", "threads", "min_time"):
         if options[key] is not None and options[key] != DEFAULTS[key]:
@@ -183,15 +175,15 @@ class _MethodProgress:
         self.bar.set_postfix_str(f"{self.prefix}: {s}", refresh=refresh)
 
 
-def _still_valid(cell: dict[str, Any], method: str, out: Path) -> bool:
+def _still_valid(cell: dict[str, Any], method: Method, out: Path) -> bool:
     """Whether a recorded cell can stand: same method (an agent's run not trained further since),
     and its model file still there."""
     from rlflow.report import read_progress, real_env_steps
 
-    if cell.get("method_spec") != method:
+    if cell.get("method_spec") != str(method):
         return False
-    if is_agent(method):
-        if real_env_steps(read_progress(method[len(AGENT_PREFIX) :])) != cell.get("env_steps"):
+    if method.agent is not None:
+        if real_env_steps(read_progress(method.agent.run_dir)) != cell.get("env_steps"):
             return False
     return not cell["equivalent"] or (out / cell["graph_file"]).is_file()
 
@@ -250,10 +242,10 @@ def bench_model(
     """Every method on one model under every ORT level, then one comparison per level; each
     finished step is saved to results.json at once, and skipped if it is there already."""
     from rlflow.commands.common import resolve_model
-    from rlflow.commands.pipeline import SearchOptions, run_method, write_model
     from rlflow.cost import OrtSettings, check_equivalence
     from rlflow.fileio import write_json_atomic
     from rlflow.graph import load_model
+    from rlflow.optimize import SearchOptions, run_method, write_model
     from rlflow.report import read_progress, real_env_steps
     from rlflow.search import default_runner
 
@@ -272,30 +264,30 @@ def bench_model(
         settings = OrtSettings(threads=options["threads"], ort_level=level).resolved()
         runner = default_runner(settings, options["min_time"])
         for method in options["methods"]:
-            key = f"{label}|{method_label(method)}|{level}"
+            key = f"{label}|{method.label}|{level}"
             cell = state["cells"].get(key)
             if cell is not None and _still_valid(cell, method, out):
                 bar.update(1)
                 continue
-            bar.set_description(f"{label} {method_label(method)} {level}")
+            bar.set_description(f"{label} {method.label} {level}")
             if original is None:
                 original = resolve_model(model, size)
-            progress = _MethodProgress(bar, method_label(method))
+            progress = _MethodProgress(bar, method.label)
             result = run_method(
                 method, original, label, settings, search_options, runner=runner, progress=progress
             )
             report = check_equivalence(original, result.graph)
             graph_file = None
             if report.equivalent:
-                graph_file = f"models/{_slug(label)}.{_slug(method_label(method))}.{level}.onnx"
+                graph_file = f"models/{_slug(label)}.{_slug(method.label)}.{level}.onnx"
                 write_model(out / graph_file, result.graph)
             env_steps = None
-            if is_agent(method):
-                env_steps = real_env_steps(read_progress(method[len(AGENT_PREFIX) :]))
+            if method.agent is not None:
+                env_steps = real_env_steps(read_progress(method.agent.run_dir))
             state["cells"][key] = {
                 "model": label,
-                "method": method_label(method),
-                "method_spec": method,
+                "method": method.label,
+                "method_spec": str(method),
                 "ort_level": level,
                 "threads": result.threads,
                 "provider": result.provider,
@@ -321,7 +313,7 @@ def bench_model(
             bar.update(1)
 
         # One interleaved run: the original and every distinct equivalent result.
-        cells = [state["cells"][f"{label}|{method_label(m)}|{level}"] for m in options["methods"]]
+        cells = [state["cells"][f"{label}|{m.label}|{level}"] for m in options["methods"]]
         members = {cell["method"]: cell["graph_hash"] for cell in cells if cell["equivalent"]}
         comparison_key = f"{label}|{level}"
         if state["comparisons"].get(comparison_key, {}).get("members") == members:
@@ -365,7 +357,7 @@ def result_rows(state: dict[str, Any], options: dict[str, Any]) -> list[dict[str
             label = model_label(model, options["size"])
             comparison = state["comparisons"].get(f"{label}|{level}", {})
             for method in options["methods"]:
-                cell = dict(state["cells"][f"{label}|{method_label(method)}|{level}"])
+                cell = dict(state["cells"][f"{label}|{method.label}|{level}"])
                 graph_hash = cell["graph_hash"]
                 measured = cell["equivalent"] and graph_hash in comparison.get("speedup", {})
                 original_hash = comparison.get("original_hash")
@@ -410,7 +402,7 @@ def write_report(
         ("Speedup per model and method", plot_speedup_bars(rows, out / "speedup.png")),
         ("Optimisation wall time", plot_wall_time(rows, out / "wall_time.png")),
     ]
-    agents = {method_label(m): m[len(AGENT_PREFIX) :] for m in options["methods"] if is_agent(m)}
+    agents = {m.label: m.agent.run_dir for m in options["methods"] if m.agent is not None}
     if agents:
         curves = {name: read_scalars(run_dir) for name, run_dir in agents.items()}
         plots.append(

@@ -1,22 +1,23 @@
 """`rlflow optimize MODEL -o OUT [--method NAME | --agent RUN_DIR]`: make a model faster.
 
 Runs a search baseline (default: taso) or a trained agent (a PPO run or a world-model
-controller run) on the model, times the best graphs found against the original in one
-interleaved run, checks the chosen graph for equivalence, and only then writes OUT.
+controller run) on the model through `rlflow.optimize`, which times the best graphs found
+against the original in one interleaved run and checks the chosen graph for equivalence;
+only then is OUT written. `rlflow search` is the same command with a required --method: both
+share `add_method_arguments` and `optimize_to_file`.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Mapping
+from typing import Any
 
 from rlflow.commands.common import add_model_arguments
-from rlflow.commands.pipeline import (
-    AGENT_PREFIX,
-    DEFAULT_METHOD,
-    SEARCH_METHODS,
-    add_method_arguments,
-    optimize_to_file,
-)
+from rlflow.errors import RlflowError
+from rlflow.optimize import DEFAULT_METHOD, SEARCH_METHODS, Method, SearchOptions
+from rlflow.search import COST_MODELS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,10 +38,171 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.agent is not None:
-        method, chosen = AGENT_PREFIX + args.agent, f"agent {args.agent}"
+        text, chosen = f"agent:{args.agent}", f"agent {args.agent}"
     elif args.method is not None:
-        method, chosen = args.method, f"method {args.method}"
+        text, chosen = args.method, f"method {args.method}"
     else:
-        method, chosen = DEFAULT_METHOD, f"method {DEFAULT_METHOD} (the default)"
+        text, chosen = DEFAULT_METHOD, f"method {DEFAULT_METHOD} (the default)"
     default = args.agent is None and args.method is None
-    return optimize_to_file(args, method, chosen=chosen, extra={"chosen_by_default": default})
+    return optimize_to_file(args, text, chosen=chosen, extra={"chosen_by_default": default})
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `rlflow search` and `rlflow optimize` after MODEL and the method: how
+    the method runs, how its result is measured, and where it goes."""
+    from rlflow.commands.measure import add_ort_arguments
+
+    parser.add_argument(
+        "--budget",
+        type=int,
+        help="search expansions (default: greedy to its local minimum, taso 1000, random 300)",
+    )
+    parser.add_argument(
+        "--cost",
+        choices=COST_MODELS,
+        help="cost model ranking the graphs found (default: analytic for a search, the env's "
+        "reward source for an agent; e2e: small budgets only)",
+    )
+    parser.add_argument(
+        "--alpha", type=float, default=1.05, help="taso: keep graphs under alpha x best cost"
+    )
+    parser.add_argument(
+        "--portable", action="store_true", help="search: only rules that emit standard ONNX ops"
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=4, help="agent: rollouts on the model (default 4)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="random walks / agent rollouts")
+    parser.add_argument(
+        "--top-k", type=int, default=3, help="best graphs timed against the original at the end"
+    )
+    parser.add_argument(
+        "--min-time",
+        type=float,
+        metavar="S",
+        help="timed seconds per graph in the final measurements (default: adaptive, 1-30 s "
+        "until every ratio to the original is known within 2%%)",
+    )
+    add_ort_arguments(parser)
+    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="optimised .onnx")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+
+
+def optimize_to_file(
+    args: argparse.Namespace,
+    method_text: str,
+    *,
+    chosen: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> int:
+    """Run the method on args.model with `add_method_arguments`' options, check the result,
+    write it to args.output and print its summary (JSON with --json); the commands' `run`.
+    `chosen` (how the method was chosen) is announced on stderr once the model has loaded."""
+    from tqdm import tqdm
+
+    from rlflow.commands.common import model_label, print_json, resolve_model
+    from rlflow.cost import OrtSettings
+    from rlflow.optimize import expansion_total, optimize
+    from rlflow.search import default_runner
+
+    if args.min_time is not None and args.min_time < 0:
+        raise RlflowError(f"--min-time must be at least 0, got {args.min_time}")
+    options = SearchOptions(
+        budget=args.budget,
+        cost=args.cost,
+        alpha=args.alpha,
+        seed=args.seed,
+        top_k=args.top_k,
+        portable=args.portable,
+        episodes=args.episodes,
+        size=args.size,
+    )
+    options.validate()
+    method = Method.parse(method_text)  # a bad agent run fails before the model is loaded
+    if method.is_agent and (args.budget is not None or args.portable):
+        raise RlflowError("--budget and --portable are for searches; an agent runs --episodes")
+    original = resolve_model(args.model, args.size, args.input_shape)
+    label = model_label(args.model, args.size)
+    settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
+    if chosen is not None:
+        print(f"rlflow optimize: {label} with {chosen}", file=sys.stderr)
+    total = expansion_total(method, args.budget)
+    with tqdm(
+        total=total,
+        desc=f"{method.label} {label}",
+        unit="step" if method.is_agent else "exp",
+        file=sys.stderr,
+        mininterval=0.5,
+    ) as bar:
+        result = optimize(
+            original,
+            method,
+            label=label,
+            settings=settings,
+            options=options,
+            runner=default_runner(settings, args.min_time),
+            progress=bar,
+        )
+    result.write(args.output)
+    summary = result.summary(
+        output=str(args.output),
+        budget=total,
+        alpha=args.alpha if method.name == "taso" else None,
+        seed=args.seed if method.name == "random" or method.is_agent else None,
+        portable=None if method.is_agent else args.portable,
+        episodes=args.episodes if method.is_agent else None,
+        min_time_s=args.min_time,
+        **(extra or {}),
+    )
+    if args.json:
+        print_json(summary)
+    else:
+        print_summary(summary)
+    return 0
+
+
+def _how_measured(summary: Mapping[str, Any]) -> str:
+    finalists = len(summary["finalists"])
+    if summary["confirmed"] is None:
+        return f"the original was fastest of {finalists} graphs timed interleaved in one run"
+    if summary["confirmed"]:
+        return f"fastest of {finalists} graphs, confirmed in a second interleaved run"
+    return f"the fastest of {finalists} graphs was not faster in a second run: original kept"
+
+
+def print_summary(summary: Mapping[str, Any]) -> None:
+    """The human form of `OptimizeResult.summary`: before/after, speedup, rules, wall time."""
+    print(f"{'':<14}{'original':>12}{'optimized':>12}")
+    print(f"{'latency ms':<14}{summary['original_ms']:>12.3f}{summary['optimized_ms']:>12.3f}")
+    print(f"{'nodes':<14}{summary['original_nodes']:>12}{summary['optimized_nodes']:>12}")
+    cost_label = f"cost ({summary['cost_model']})"
+    print(f"{cost_label:<14}{summary['original_cost']:>12.4g}{summary['optimized_cost']:>12.4g}")
+    print(f"speedup {summary['speedup']:.3f}x ({_how_measured(summary)})")
+    if summary["rules_applied"]:
+        rules = ", ".join(f"{name} x{count}" for name, count in summary["rules_applied"].items())
+        print(f"rules applied ({summary['steps']} steps): {rules}")
+    else:
+        print("rules applied: none (no rewritten graph measured faster than the original)")
+    if summary.get("chosen_by_default"):
+        print(f"method: {summary['method']} (the default; choose with --method or --agent)")
+    if summary["method"].startswith("agent:"):
+        how = (
+            f"agent: {summary['method']}, {summary.get('episodes', '?')} rollouts, "
+            f"{summary['expansions']} env steps"
+        )
+    else:
+        how = (
+            f"search: {summary['method']}, {summary['expansions']} expansions, "
+            f"{summary['evaluated']} graphs costed"
+        )
+    print(
+        f"{how}; wall {summary['wall_s']:.1f} s "
+        f"(search {summary['search_s']:.1f} s, measure {summary['measure_s']:.1f} s)"
+    )
+    print(
+        f"settings: {summary['threads']} thread(s), ort-level {summary['ort_level']}, "
+        f"provider {summary['provider']}"
+    )
+    print(f"equivalent: yes, max abs error {summary['max_abs_err']:.2e}")
+    if summary.get("output"):
+        print(f"wrote {summary['output']}")

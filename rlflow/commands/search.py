@@ -2,7 +2,8 @@
 
 The search ranks graphs with a cost model, then times its best few against the original in
 one interleaved run; OUT is written only once the chosen graph has passed the equivalence
-check against the original (otherwise: exit 2, nothing written).
+check against the original (otherwise: exit 2, nothing written). The same run as
+`rlflow optimize --method` (`rlflow.commands.optimize.optimize_to_file`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from rlflow.commands.common import add_model_arguments
-from rlflow.commands.pipeline import SEARCH_METHODS, add_method_arguments, optimize_to_file
+from rlflow.commands.optimize import add_method_arguments, optimize_to_file
+from rlflow.optimize import SEARCH_METHODS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -114,31 +114,6 @@ class SearchResult:
         """Rule name -> times applied on the path to `graph`, most used first."""
         return dict(Counter(action.rule for action in self.actions).most_common())
 
-    def summary(self) -> dict[str, object]:
-        """The result as JSON-ready fields (no graph)."""
-        return {
-            "method": self.method,
-            "model": self.model,
-            "cost_model": self.cost_model,
-            "original_cost": self.original_cost,
-            "optimized_cost": self.cost,
-            "original_ms": self.original_ms,
-            "optimized_ms": self.optimized_ms,
-            "speedup": self.speedup,
-            "steps": len(self.actions),
-            "expansions": self.expansions,
-            "evaluated": self.evaluated,
-            "rules_applied": self.rules_applied,
-            "search_s": self.search_s,
-            "measure_s": self.measure_s,
-            "wall_s": self.wall_s,
-            "threads": self.threads,
-            "ort_level": self.ort_level,
-            "provider": self.provider,
-            "finalists": [vars(finalist) for finalist in self.finalists],
-            "confirmed": self.confirmed,
-        }
-
 
 class Board:
     """The `size` lowest-cost distinct graphs seen, each with the session that reached it.
