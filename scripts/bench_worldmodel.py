@@ -36,14 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlflow.cost import geometric_mean
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("bert", "vit-base", "inception-v3")
 PLOT = ROOT / "docs" / "img" / "worldmodel_sample_efficiency.png"
-
-
-def geometric_mean(values: list[float]) -> float:
-    values = [v for v in values if v is not None and v > 0]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
 class Bench:

@@ -21,7 +21,6 @@ candidate this way (`ControllerPolicy.act`):
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -476,7 +475,3 @@ def train_controller(
     finally:
         scalars.close()
     return results
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")

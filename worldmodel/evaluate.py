@@ -23,7 +23,6 @@ from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
     ControllerSettings,
     dream_returns,
-    geometric_mean,
     tau_dir,
 )
 from rlflow.worldmodel.model import WorldModel
@@ -84,7 +83,7 @@ def evaluate_real(
     """The temperature table: per tau, dream return, real return, gap and measured speedup."""
     from tqdm import tqdm
 
-    from rlflow.cost import OrtSettings, Runner
+    from rlflow.cost import OrtSettings, Runner, geometric_mean
 
     if not models:
         raise RlflowError("give at least one model to evaluate on")

@@ -17,7 +17,7 @@ from rlflow.cost.equivalence import (
 from rlflow.cost.inputs import DEFAULT_INT_RANGE, INT_RANGE_PREFIX, int_range, random_inputs
 from rlflow.cost.peaks import MachinePeaks, machine_peaks
 from rlflow.cost.perop import PerOpCostModel, PerOpReport
-from rlflow.cost.runner import Comparison, Measurement, Runner
+from rlflow.cost.runner import Comparison, Measurement, Runner, geometric_mean
 from rlflow.cost.session import ORT_LEVELS, OrtSettings, make_session
 from rlflow.cost.source import ModelLike, TensorSpec
 
@@ -43,6 +43,7 @@ __all__ = [
     "Tolerance",
     "cache_dir",
     "check_equivalence",
+    "geometric_mean",
     "int_range",
     "machine_peaks",
     "make_session",

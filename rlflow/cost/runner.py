@@ -38,7 +38,7 @@ import heapq
 import math
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,14 @@ def median_interval(values: Sequence[float], z: float = 1.96) -> tuple[float, fl
     low = max(math.floor(n / 2.0 - spread), 1)
     high = min(math.ceil(n / 2.0 + spread) + 1, n)
     return ordered[low - 1], ordered[high - 1]
+
+
+def geometric_mean(ratios: Iterable[float | None]) -> float:
+    """The geometric mean of speedups or ratios (the mean that treats x2 and /2 alike, so a
+    summary over models is not ruled by the largest). Entries that are not a positive ratio
+    (None: not measured) are left out; nan when none is left."""
+    logs = [math.log(ratio) for ratio in ratios if ratio is not None and ratio > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
 @dataclass
