@@ -21,8 +21,15 @@ ORT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    **(
+        {"layout": ort.GraphOptimizationLevel.ORT_ENABLE_LAYOUT}
+        if hasattr(ort.GraphOptimizationLevel, "ORT_ENABLE_LAYOUT")
+        else {}
+    ),
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
+"""onnxruntime's optimisation levels, lowest first (`layout`, the NCHWc/NHWC passes, exists from
+onnxruntime 1.2x on)."""
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 TIMING_VERSION = 2
 """Part of every cache key: bump it when how a run is timed changes, so that timings taken the
@@ -39,6 +46,9 @@ class OrtSettings:
     """ORT graph optimisation: all | extended | basic | disable."""
     provider: str = "auto"
     """auto | cpu | cuda; auto picks cuda when onnxruntime lists CUDAExecutionProvider."""
+    disabled: tuple[str, ...] = ()
+    """onnxruntime graph transformers (or rewrite rules) switched off at this level, by name
+    (e.g. "SkipLayerNormFusion"): one of ORT's own tuning knobs."""
 
     def __post_init__(self) -> None:
         if self.ort_level not in ORT_LEVELS:
@@ -49,6 +59,12 @@ class OrtSettings:
             raise RlflowError(f"unknown provider {self.provider!r}; choose auto, cpu or cuda")
         if self.threads < 1:
             raise RlflowError(f"threads must be at least 1, got {self.threads}")
+        object.__setattr__(self, "disabled", tuple(sorted(set(self.disabled))))
+
+    @property
+    def label(self) -> str:
+        """The level, and the passes switched off: `all`, `all-SkipLayerNormFusion`."""
+        return "-".join([self.ort_level, *self.disabled])
 
     def resolved(self) -> OrtSettings:
         """The same settings with `provider` made concrete for this machine."""
@@ -62,6 +78,8 @@ class OrtSettings:
     def key(self) -> str:
         """A stable text for cache keys (provider resolved, onnxruntime and timing versions)."""
         fields = asdict(self.resolved())
+        if not fields["disabled"]:
+            del fields["disabled"]  # keys made before the field existed stay valid
         text = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
         return f"{text},ort={ort.__version__},timing=v{TIMING_VERSION}"
 
@@ -78,6 +96,10 @@ def make_session(model_bytes: bytes, settings: OrtSettings) -> ort.InferenceSess
     providers = [PROVIDERS[settings.provider]]
     if settings.provider != "cpu":
         providers.append(PROVIDERS["cpu"])  # for the nodes the GPU provider does not take
+    if settings.disabled:
+        return ort.InferenceSession(
+            model_bytes, options, providers=providers, disabled_optimizers=list(settings.disabled)
+        )
     return ort.InferenceSession(model_bytes, options, providers=providers)
 
 
