@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from rlflow.errors import RlflowError
+from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.dream import DreamBatch
 from rlflow.worldmodel.model import (
     WorldModel,
@@ -190,32 +191,12 @@ def dream_returns(
 # ---- training ---------------------------------------------------------------------------------
 
 
-class _Scalars:
-    """TensorBoard writer under a run directory, opened on first use."""
-
-    def __init__(self, run_dir: Path, enabled: bool) -> None:
-        self.run_dir, self.enabled, self.writer = run_dir, enabled, None
-
-    def __call__(self, tag: str, value: float, step: int) -> None:
-        if not self.enabled:
-            return
-        if self.writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(log_dir=str(self.run_dir))
-        self.writer.add_scalar(tag, float(value), step)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def train_cmaes(
     world: WorldModel,
     out: Path,
     settings: ControllerSettings,
     temperature: float,
-    log: _Scalars,
+    log: TensorBoard,
     progress: bool = True,
 ) -> np.ndarray:
     """CMA-ES on dream returns; resumes from `out/state.pkl`. Returns the final mean."""
@@ -258,9 +239,9 @@ def train_cmaes(
         )
         es.tell(list(candidates), list(-fitness))  # cma minimises
         generation += 1
-        log(f"{tag}/dream_return_mean", fitness.mean(), generation)
-        log(f"{tag}/dream_return_best", fitness.max(), generation)
-        log(f"{tag}/sigma", es.sigma, generation)
+        log.scalar(f"{tag}/dream_return_mean", fitness.mean(), generation)
+        log.scalar(f"{tag}/dream_return_best", fitness.max(), generation)
+        log.scalar(f"{tag}/sigma", es.sigma, generation)
         save_pickle(
             state_path,
             {"es": es, "generation": generation, "numpy_rng": np.random.get_state()},
@@ -291,7 +272,7 @@ def train_ppo(
     out: Path,
     settings: ControllerSettings,
     temperature: float,
-    log: _Scalars,
+    log: TensorBoard,
     progress: bool = True,
 ) -> np.ndarray:
     """PPO (clipped objective, GAE) on batched dream episodes; resumes from `out/state.pkl`."""
@@ -386,10 +367,10 @@ def train_ppo(
             nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
             optimizer.step()
         iteration += 1
-        log(f"{tag}/dream_return_mean", episode_return.mean(), iteration)
-        log(f"{tag}/losses/policy_loss", pg_loss.item(), iteration)
-        log(f"{tag}/losses/value_loss", v_loss.item(), iteration)
-        log(f"{tag}/losses/entropy", entropy.item(), iteration)
+        log.scalar(f"{tag}/dream_return_mean", episode_return.mean(), iteration)
+        log.scalar(f"{tag}/losses/policy_loss", pg_loss.item(), iteration)
+        log.scalar(f"{tag}/losses/value_loss", v_loss.item(), iteration)
+        log.scalar(f"{tag}/losses/entropy", entropy.item(), iteration)
         save_pickle(
             state_path,
             {
@@ -423,9 +404,8 @@ def train_controller(
         world = WorldModel.load(wm_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         world.save_bundle(bundle)
-    scalars = _Scalars(run_dir, log)
     results: dict[str, Any] = {}
-    try:
+    with TensorBoard(run_dir, enabled=log) as scalars:
         for temperature in settings.temperatures:
             out = tau_dir(run_dir, temperature)
             out.mkdir(parents=True, exist_ok=True)
@@ -466,12 +446,10 @@ def train_controller(
                     ),
                 }
                 save_checkpoint(checkpoint_path, done)
-                scalars(f"controller/tau{temperature:g}/final_dream_return", dream_return, 0)
+                scalars.scalar(f"controller/tau{temperature:g}/final_dream_return", dream_return, 0)
             results[f"{temperature:g}"] = {
                 "temperature": temperature,
                 "dream_return": float(done["dream_return"]),
                 "parameters": int(done["params"].numel()),
             }
-    finally:
-        scalars.close()
     return results

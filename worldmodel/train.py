@@ -22,6 +22,7 @@ from torch_geometric.data import Batch
 from rlflow.cost.cache import write_json_atomic
 from rlflow.errors import RlflowError
 from rlflow.nn import graph_to_data
+from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.data import RolloutData
 from rlflow.worldmodel.mdnrnn import MDNRNN, mdnrnn_losses
 from rlflow.worldmodel.model import (
@@ -89,27 +90,6 @@ class WorldModelSettings:
         identity.pop("vae_epochs")
         identity.pop("rnn_epochs")
         return identity
-
-
-class Logger:
-    """TensorBoard scalars under RUN_DIR, opened lazily (tests can pass log=False)."""
-
-    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
-        self.run_dir, self.enabled, self._writer = run_dir, enabled, None
-
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        if not self.enabled:
-            return
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(self.run_dir))
-        self._writer.add_scalar(tag, float(value), step)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
 
 def _generator(seed: int, stage: int, epoch: int) -> tuple[np.random.Generator, int]:
@@ -216,7 +196,7 @@ def train_vae(
     settings: WorldModelSettings,
     train_episodes: np.ndarray,
     val_episodes: np.ndarray,
-    logger: Logger,
+    logger: TensorBoard,
     progress: bool = True,
 ) -> GraphVAE:
     """Train (or resume) V; a finished checkpoint is loaded as is."""
@@ -374,7 +354,7 @@ def train_rnn(
     val_episodes: np.ndarray,
     mu: np.ndarray,
     logsigma: np.ndarray,
-    logger: Logger,
+    logger: TensorBoard,
     meta: dict[str, Any],
     vae_epoch: int,
     progress: bool = True,
@@ -477,8 +457,7 @@ def train_world_model(
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     train_episodes, val_episodes = data.episodes_split(settings.holdout, settings.seed)
-    logger = Logger(run_dir, enabled=log)
-    try:
+    with TensorBoard(run_dir, enabled=log) as logger:
         vae = train_vae(data, run_dir, settings, train_episodes, val_episodes, logger, progress)
         latents_path = run_dir / LATENTS
         vae_epoch = int(load_checkpoint(run_dir / VAE_CHECKPOINT)["epoch"])
@@ -540,8 +519,6 @@ def train_world_model(
         }
         write_json_atomic(run_dir / PROGRESS, summary)
         return summary
-    finally:
-        logger.close()
 
 
 def load_world_model(run_dir: str | Path) -> WorldModel:

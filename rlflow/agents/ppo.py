@@ -42,6 +42,7 @@ from rlflow.nn import (
     collate,
     observation_to_data,
 )
+from rlflow.tensorboard import TensorBoard
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT = Path("checkpoints") / "latest.pt"
@@ -279,7 +280,6 @@ def train(
     config: PPOConfig, run_dir: str | os.PathLike, *, progress: bool = True
 ) -> dict[str, Any]:
     """Train (or continue training) a PPO agent into `run_dir`; returns a summary."""
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm import tqdm
 
     config.validate()
@@ -318,8 +318,8 @@ def train(
 
     _write_config(run_dir, config)
     # purge_step: TensorBoard drops what a killed run logged after its last checkpoint.
-    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resumed else None)
-    writer.add_text("hyperparameters", _hyperparameter_table(config), global_step)
+    writer = TensorBoard(run_dir, purge_step=global_step + 1 if resumed else None)
+    writer.text("hyperparameters", _hyperparameter_table(config), global_step)
     print(f"tensorboard --logdir {run_dir}", file=sys.stderr)
     if resumed is not None:
         print(f"resuming {run_dir} at step {global_step} (update {update})", file=sys.stderr)
@@ -392,9 +392,9 @@ def train(
                     "wall_s": wall_before + time.perf_counter() - started,
                 }
                 progress_log["episodes"].append(entry)
-                writer.add_scalar("charts/episodic_return", entry["return"], global_step)
-                writer.add_scalar("charts/speedup", entry["speedup"], global_step)
-                writer.add_scalar("charts/episodic_length", entry["length"], global_step)
+                writer.scalar("charts/episodic_return", entry["return"], global_step)
+                writer.scalar("charts/speedup", entry["speedup"], global_step)
+                writer.scalar("charts/episodic_length", entry["length"], global_step)
                 bar.set_postfix_str(f"return {entry['return']:.2f} speedup {entry['speedup']:.3f}")
                 observation, info = env.reset()
 
@@ -477,16 +477,16 @@ def train(
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
         elapsed = time.perf_counter() - started
         sps = int((global_step - start_step) / elapsed) if elapsed > 0 else 0
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-        writer.add_scalar("losses/clipfrac", float(np.mean(clipfracs)), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("charts/real_measurements", real_measurements(), global_step)
+        writer.scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.scalar("losses/value_loss", v_loss.item(), global_step)
+        writer.scalar("losses/policy_loss", pg_loss.item(), global_step)
+        writer.scalar("losses/entropy", entropy_loss.item(), global_step)
+        writer.scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+        writer.scalar("losses/approx_kl", approx_kl.item(), global_step)
+        writer.scalar("losses/clipfrac", float(np.mean(clipfracs)), global_step)
+        writer.scalar("losses/explained_variance", explained_var, global_step)
+        writer.scalar("charts/SPS", sps, global_step)
+        writer.scalar("charts/real_measurements", real_measurements(), global_step)
         progress_log["updates"].append(
             {
                 "update": update,
