@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,20 +36,8 @@ from rlflow.worldmodel.data import (
     write_shard,
 )
 
-
-class Policy(Protocol):
-    """What collect needs of a policy (the `rlflow.agents.policy.Policy` protocol)."""
-
-    env_config: dict[str, Any]
-
-    def act(
-        self,
-        observation: Mapping[str, np.ndarray],
-        *,
-        deterministic: bool,
-        rng: np.random.Generator,
-        env: Any = None,
-    ) -> int: ...
+if TYPE_CHECKING:
+    from rlflow.agents.policy import Policy
 
 
 class RandomPolicy:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlflow.agents.policy import Policy
+from rlflow.agents.policy import Policy, RuleTranslation
 from rlflow.agents.spec import AgentSpec
 from rlflow.config import read_yaml
 from rlflow.errors import RlflowError
@@ -64,23 +64,12 @@ class ControllerPolicy:
         self._step_feature = GLOBAL_FEATURES.index("step_fraction")
         self._analytic = AnalyticCostModel()
         self._costs: dict[str, float] = {}
-        self._translations: dict[tuple[str, ...], np.ndarray] = {}
+        self._rules = RuleTranslation(world.rule_names)
         self._state: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def reset(self) -> None:
         """Forget the episode's recurrent state (done automatically at step fraction 0)."""
         self._state = None
-
-    def _translate(self, rules: np.ndarray, env_rules: list[str]) -> np.ndarray:
-        """Rule ids of an env with another rule list, as ids of the world model's (-1 if
-        unknown: such candidates cannot be chosen)."""
-        key = tuple(env_rules)
-        table = self._translations.get(key)
-        if table is None:
-            ids = {name: index for index, name in enumerate(self.world.rule_names)}
-            table = np.array([ids.get(name, -1) for name in env_rules], dtype=np.int64)
-            self._translations[key] = table
-        return np.where(rules >= 0, table[np.clip(rules, 0, None)], -1)
 
     def _candidate_cost(self, graph: Any) -> float:
         digest = graph.canonical_hash()
@@ -97,12 +86,9 @@ class ControllerPolicy:
         rng: np.random.Generator | None = None,
         env: Any = None,
     ) -> int:
-        observation = dict(observation)
         unwrapped = getattr(env, "unwrapped", env)
-        if unwrapped is not None and list(unwrapped.rule_names) != self.world.rule_names:
-            observation["candidate_rules"] = self._translate(
-                np.asarray(observation["candidate_rules"]), list(unwrapped.rule_names)
-            )
+        if unwrapped is not None:
+            observation = self._rules.translate(observation, list(unwrapped.rule_names))
         if float(observation["global_features"][self._step_feature]) == 0.0:
             self.reset()
         world = self.world

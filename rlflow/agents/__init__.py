@@ -2,7 +2,7 @@
 evaluation and `rlflow optimize --agent` use for any trained agent.
 
 - `rlflow.agents.ppo`: `PPOConfig`, `train`, checkpoints;
-- `rlflow.agents.policy`: `Policy`, `PPOPolicy`, `load_ppo_policy`;
+- `rlflow.agents.policy`: `Policy`, `RuleTranslation`, `PPOPolicy`, `load_ppo_policy`;
 - `rlflow.agents.evaluate`: `policy_rollouts`.
 
 Import the modules themselves: this package stays light so that the CLI starts fast.

@@ -1,12 +1,14 @@
 """What evaluation and `rlflow optimize --agent` need of a trained agent: the `Policy` protocol.
 
 PPO's policy (`load_ppo_policy`) and the world model's controller both implement it, so the
-code that rolls a policy out on an unseen model does not care which learner made it.
+code that rolls a policy out on an unseen model does not care which learner made it. Both
+read an env made with another rule list through `RuleTranslation`.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -43,6 +45,37 @@ class Policy(Protocol):
     ) -> int: ...
 
 
+class RuleTranslation:
+    """An env's candidate rule ids as the ids of a policy's own rule list.
+
+    A trained policy knows rules by the ids of the rule list it learnt with; an env made with
+    another list (another rlflow version, `portable`) numbers them otherwise. Ids are matched
+    by rule name, one table per env rule list; a rule the policy never learnt becomes -1 (the
+    scorer's padding embedding; a rule the controller cannot choose).
+    """
+
+    def __init__(self, rule_names: list[str]) -> None:
+        self.rule_names = list(rule_names)
+        self._ids = {name: index for index, name in enumerate(self.rule_names)}
+        self._tables: dict[tuple[str, ...], np.ndarray] = {}
+
+    def translate(
+        self, observation: Mapping[str, np.ndarray], env_rules: list[str]
+    ) -> Mapping[str, np.ndarray]:
+        """`observation` with its `candidate_rules` in the policy's ids (as is if the env's
+        rule list is the policy's)."""
+        if env_rules == self.rule_names:
+            return observation
+        key = tuple(env_rules)
+        table = self._tables.get(key)
+        if table is None:
+            table = np.array([self._ids.get(name, -1) for name in env_rules], dtype=np.int64)
+            self._tables[key] = table
+        rules = np.asarray(observation["candidate_rules"])
+        translated = np.where(rules >= 0, table[np.clip(rules, 0, None)], -1)
+        return {**observation, "candidate_rules": translated}
+
+
 class PPOPolicy:
     """A PPO agent's scorer as a `Policy`: greedy (`deterministic`) or sampled from its
     masked categorical with the caller's `rng`.
@@ -63,12 +96,10 @@ class PPOPolicy:
     ) -> None:
         self.scorer = scorer.eval()
         self.env_config = dict(env_config)
-        self.rule_names = list(rule_names)
-        self._rule_ids = {name: index for index, name in enumerate(self.rule_names)}
-        self._translations: dict[tuple[str, ...], np.ndarray] = {}
+        self._rules = RuleTranslation(rule_names)
 
     def __repr__(self) -> str:
-        return f"PPOPolicy(scorer={self.scorer.mode!r}, rules={len(self.rule_names)})"
+        return f"PPOPolicy(scorer={self.scorer.mode!r}, rules={len(self._rules.rule_names)})"
 
     def logits(
         self, observation: dict[str, np.ndarray], env: GraphRewriteEnv | None = None
@@ -76,7 +107,7 @@ class PPOPolicy:
         """The masked logits (A + 1,) of one observation (stop last)."""
         env = env.unwrapped if env is not None else None
         if env is not None:
-            observation = self._translate(observation, list(env.rule_names))
+            observation = self._rules.translate(observation, list(env.rule_names))
         batch = collate([observation])
         graphs = None
         if self.scorer.needs_candidate_graphs:
@@ -104,21 +135,6 @@ class PPOPolicy:
         shifted = np.where(mask, logits - logits[mask].max(), -np.inf)
         probs = np.exp(shifted)
         return int(rng.choice(len(probs), p=probs / probs.sum()))
-
-    def _translate(
-        self, observation: dict[str, np.ndarray], env_rules: list[str]
-    ) -> dict[str, np.ndarray]:
-        if env_rules == self.rule_names:
-            return observation
-        key = tuple(env_rules)
-        table = self._translations.get(key)
-        if table is None:
-            # env rule id -> scorer rule id; -1 (the padding embedding) for unknown rules
-            table = np.array([self._rule_ids.get(name, -1) for name in env_rules], dtype=np.int64)
-            self._translations[key] = table
-        rules = np.asarray(observation["candidate_rules"])
-        translated = np.where(rules >= 0, table[np.clip(rules, 0, None)], -1)
-        return {**observation, "candidate_rules": translated}
 
 
 def load_ppo_policy(run_dir: str | os.PathLike) -> PPOPolicy:
