@@ -23,10 +23,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     generate = actions.add_parser(
         "generate",
-        help="regenerate the generated rules (rlflow rules generate --help)",
-        add_help=False,
+        help="regenerate the generated rules (minutes)",
+        description="Enumerate small graphs, keep equal pairs as verified rewrite rules.",
     )
-    generate.add_argument("generator_args", nargs=argparse.REMAINDER)
+    generate.add_argument(
+        "-o", "--output", help="rule file to write (default: the shipped rules/generated.json)"
+    )
+    generate.add_argument(
+        "--max-ops", type=int, default=3, help="ops per graph (default 3; 4 takes hours)"
+    )
+    generate.add_argument(
+        "--ops", type=_names, help="comma-separated op types to enumerate (default: TASO's core)"
+    )
+    generate.add_argument("--inputs", type=int, default=4, help="input tensors per rank")
+    generate.add_argument(
+        "--ranks", type=_ranks, default=(2, 4), help="tensor ranks: 2 (matmul), 4 (conv)"
+    )
+    generate.add_argument("--json", action="store_true", help="print one JSON summary last")
 
     candidates = actions.add_parser("candidates", help="the candidate rewrites of a model")
     add_model_arguments(candidates)
@@ -37,9 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.rules_action == "generate":
-        from rlflow.rewrite import generator
-
-        return generator.main(args.generator_args)
+        return _generate(args)
     if args.rules_action == "list":
         return _list(args)
     if args.rules_action == "verify":
@@ -97,6 +108,45 @@ def _verify(args: argparse.Namespace) -> int:
         f"{len(failed)} failed and are excluded from every rule set"
     )
     return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """Write the rule file, then report the count left after each stage on stderr."""
+    from rlflow.rewrite.generator import DEFAULT_OPS, STAGES, write_rules
+    from rlflow.rewrite.template import GENERATED_PATH
+
+    output = args.output or GENERATED_PATH
+    started = time.perf_counter()
+    stats: dict[str, int] = {}
+    rules = write_rules(
+        output,
+        args.max_ops,
+        DEFAULT_OPS if args.ops is None else args.ops,
+        args.inputs,
+        args.ranks,
+        progress=sys.stderr.isatty(),
+        stats=stats,
+    )
+    wall = time.perf_counter() - started
+    for stage in (*STAGES, *sorted(set(stats) - set(STAGES))):
+        if stage in stats:
+            print(f"{stage:>48}: {stats[stage]}", file=sys.stderr)
+    print(f"wrote {len(rules)} rules to {output} in {wall:.0f} s")
+    if args.json:
+        summary = {"rules": len(rules), "path": str(output), "wall_s": round(wall, 1)}
+        print_json({**summary, "stages": stats})
+    return 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name for name in text.split(",") if name)
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(rank) for rank in _names(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError("takes comma-separated ranks, e.g. 2,4") from None
 
 
 def _candidates(args: argparse.Namespace) -> int:

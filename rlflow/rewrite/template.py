@@ -1,6 +1,6 @@
 """Generated rules: `TemplateRule` matches a template's lhs DAG and instantiates its rhs.
 
-The generator (`rlflow/rewrite/generator.py`) writes `rules/generated.json`:
+The generator (`rlflow/rewrite/generator/`) writes `rules/generated.json`:
 
     {"version": 1, "generator": "...", "rules": [
       {"name": "matmul-matmul-reassociate", "origin": "generated",
