@@ -7,6 +7,14 @@ provider) that is part of every cache key and every result. Caches live under
 
 from rlflow.cost.analytic import AnalyticCostModel, AnalyticReport, OpCost, op_cost
 from rlflow.cost.cache import cache_dir
+from rlflow.cost.deploy import (
+    DEPLOY_MODES,
+    ORT_CONFIG_KEY,
+    Deployment,
+    declared_level,
+    declared_settings,
+    declared_target,
+)
 from rlflow.cost.equivalence import (
     DEFAULT_TOLERANCES,
     EquivalenceChecker,
@@ -20,8 +28,19 @@ from rlflow.cost.perop import PerOpCostModel, PerOpReport
 from rlflow.cost.runner import Comparison, Measurement, Runner, geometric_mean
 from rlflow.cost.session import ORT_LEVELS, OrtSettings, make_session
 from rlflow.cost.source import ModelLike, TensorSpec
+from rlflow.cost.target import TARGET_KEY, Target, check_target, nchwc_block_size
 
 __all__ = [
+    "DEPLOY_MODES",
+    "ORT_CONFIG_KEY",
+    "TARGET_KEY",
+    "Deployment",
+    "Target",
+    "check_target",
+    "declared_level",
+    "declared_settings",
+    "declared_target",
+    "nchwc_block_size",
     "DEFAULT_INT_RANGE",
     "DEFAULT_TOLERANCES",
     "INT_RANGE_PREFIX",

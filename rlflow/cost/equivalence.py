@@ -1,7 +1,8 @@
 """Is a rewritten graph still the same function? Run both on the same random inputs and compare.
 
-Used to verify every rewrite rule and every optimised model before it is written. Both graphs
-run in onnxruntime with its optimiser off (`ort_level="disable"`) by default: we check the
+Used to verify every rewrite rule and every optimised model before it is written. A model that
+declares its runtime settings (`ort_config`, `rlflow.cost.deploy`) runs under them; others run
+in onnxruntime with its optimiser off (`ort_level="disable"`) by default: we check the
 graphs as we wrote them, by ONNX semantics, not what ORT's fusions make of them. With fusions
 on, ORT rewrites the two graphs differently (e.g. MatMul+Add into a Gemm or FusedMatMul, an
 approximated Gelu) and that changes rounding on one side only, which would force looser
@@ -22,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from rlflow.cost.deploy import declared_settings
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.session import OrtSettings, make_session
 from rlflow.cost.source import ModelLike, ModelSource, TensorSpec
+from rlflow.cost.target import check_target
 from rlflow.errors import RlflowError, first_line
 
 
@@ -98,7 +101,9 @@ class EquivalenceChecker:
         self.metadata = source.metadata
         self.feeds = [random_inputs(self.inputs, self.metadata, seed) for seed in self.seeds]
         try:
-            session = make_session(source.model_bytes(), self.settings)
+            session = make_session(
+                source.model_bytes(), declared_settings(self.metadata, self.settings)
+            )
             self.expected = [session.run(None, feeds) for feeds in self.feeds]
         except RlflowError:
             raise
@@ -115,7 +120,9 @@ class EquivalenceChecker:
         if mismatch:
             return _not_equivalent(mismatch)
         try:
-            session = make_session(source.model_bytes(), self.settings)
+            settings = declared_settings(source.metadata, self.settings)
+            check_target(source.metadata, settings.resolved().provider)
+            session = make_session(source.model_bytes(), settings)
         except Exception as error:
             return _not_equivalent(f"candidate does not load in onnxruntime: {first_line(error)}")
         finally:

@@ -46,9 +46,11 @@ from typing import Any
 import numpy as np
 
 from rlflow.cost.cache import read_json, update_json_atomic
+from rlflow.cost.deploy import declared_settings
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, ModelSource
+from rlflow.cost.target import check_target
 from rlflow.errors import RlflowError, first_line
 
 LOW_RANK = 3
@@ -85,8 +87,11 @@ class Measurement:
     ort_level: str
     provider: str
     low_ms: float | None = None
+    disabled: tuple[str, ...] = ()
+    """onnxruntime passes switched off at `ort_level` for this graph (a tuning knob)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "disabled", tuple(self.disabled))
         if self.low_ms is None:
             object.__setattr__(self, "low_ms", self.min_ms)
 
@@ -137,6 +142,7 @@ def measurement_of(
         threads=settings.threads,
         ort_level=settings.ort_level,
         provider=settings.provider,
+        disabled=settings.disabled,
     )
 
 
@@ -299,6 +305,10 @@ class AdaptiveStop:
 class Runner:
     """Times graphs in onnxruntime under fixed settings.
 
+    Every graph runs under the settings it declares in its `ort_config` metadata (an optimised
+    model in offline mode declares the optimiser off, `rlflow.cost.deploy`), else under the
+    Runner's; `compare` can also be given settings per graph (ORT's own knobs on one model).
+
     Args:
         settings: provider, threads and ORT optimisation level (default: 1 thread, level all).
         warmup: untimed runs per graph before timing starts (at least 1).
@@ -359,25 +369,39 @@ class Runner:
 
     # ---- public -----------------------------------------------------------------------------
 
+    def settings_for(self, source: ModelSource) -> OrtSettings:
+        """The settings a graph runs under: those it declares, else the Runner's."""
+        return declared_settings(source.metadata, self.settings)
+
     def measure(self, model: ModelLike, *, use_cache: bool = True) -> Measurement:
         """The latency of one graph."""
         source = ModelSource(model)
-        key = self._key("measure", [source.graph_hash])
+        settings = self.settings_for(source)
+        key = self._key("measure", [source.graph_hash], [settings])
         if use_cache and _readable(self._cache.get(key)):
-            return Measurement(**self._cache[key])
-        times = self._time([source])[0]
-        measurement = self._measurement(source, times)
+            return _measurement_from_dict(self._cache[key])
+        times = self._time([source], [settings])[0]
+        measurement = measurement_of(source.graph_hash, times, settings, self.low_rank)
         self._store(key, asdict(measurement))
         return measurement
 
-    def compare(self, models: Sequence[ModelLike], *, use_cache: bool = True) -> Comparison:
+    def compare(
+        self,
+        models: Sequence[ModelLike],
+        *,
+        use_cache: bool = True,
+        settings: Sequence[OrtSettings | None] | None = None,
+    ) -> Comparison:
         """Time graphs interleaved in one run; ratios are relative to models[0].
 
         Inputs must have the same names, dtypes and shapes in every graph: each graph gets
-        the same random arrays.
+        the same random arrays. `settings[i]`, when given and not None, is what graph i runs
+        under (resolved for this machine); else the settings it declares, else the Runner's.
         """
         if not models:
             raise RlflowError("compare needs at least one model")
+        if settings is not None and len(settings) != len(models):
+            raise RlflowError("compare needs one settings entry per model")
         # One source per distinct object, so a model compared with itself is serialized once.
         by_id: dict[int, ModelSource] = {}
         for model in models:
@@ -388,25 +412,34 @@ class Runner:
         for index, source in enumerate(sources[1:], start=1):
             if sorted((s.name, s.dtype, s.shape) for s in source.inputs) != signature:
                 raise RlflowError(f"model {index} does not take the same inputs as model 0")
-        key = self._key("compare", [source.graph_hash for source in sources])
+        chosen = [
+            self.settings_for(source) if given is None else given.resolved()
+            for source, given in zip(sources, settings or [None] * len(sources), strict=True)
+        ]
+        key = self._key("compare", [source.graph_hash for source in sources], chosen)
         if use_cache and _readable_comparison(self._cache.get(key)):
             return _comparison_from_dict(self._cache[key])
-        times = self._time(sources)
-        measurements = [self._measurement(s, t) for s, t in zip(sources, times, strict=True)]
+        times = self._time(sources, chosen)
+        measurements = [
+            measurement_of(source.graph_hash, graph_times, graph_settings, self.low_rank)
+            for source, graph_times, graph_settings in zip(sources, times, chosen, strict=True)
+        ]
         comparison = compare_times(times, measurements)
         self._store(key, asdict(comparison))
         return comparison
 
     # ---- timing -----------------------------------------------------------------------------
 
-    def _time(self, sources: list[ModelSource]) -> list[list[float]]:
-        """Per graph, the same number of wall times in ms, graphs alternated block by block."""
-        for source in sources:
+    def _time(self, sources: list[ModelSource], settings: list[OrtSettings]) -> list[list[float]]:
+        """Per graph, the same number of wall times in ms, graphs alternated block by block;
+        graph i runs under settings[i]."""
+        for source, graph_settings in zip(sources, settings, strict=True):
             source.require_static_inputs()
+            check_target(source.metadata, graph_settings.provider)
         runners = []
-        for index, source in enumerate(sources):
+        for index, (source, graph_settings) in enumerate(zip(sources, settings, strict=True)):
             try:
-                session = make_session(source.model_bytes(), self.settings)
+                session = make_session(source.model_bytes(), graph_settings)
             except Exception as error:  # onnxruntime raises several types for a bad model
                 raise RlflowError(
                     f"onnxruntime cannot load model {index}: {first_line(error)}"
@@ -460,19 +493,23 @@ class Runner:
             if stop.observe([graph_times[-self.block :] for graph_times in times]):
                 return
 
-    def _measurement(self, source: ModelSource, times: list[float]) -> Measurement:
-        return measurement_of(source.graph_hash, times, self.settings, self.low_rank)
-
     # ---- cache ------------------------------------------------------------------------------
 
-    def _key(self, kind: str, hashes: list[str]) -> str:
+    def _key(self, kind: str, hashes: list[str], settings: list[OrtSettings] | None = None) -> str:
         timing = self.stop.key() if self.min_time_s is None else self.min_time_s
         protocol = (
             f"warmup={self.warmup},runs={self.runs},min_time_s={timing},"
             f"max_runs={self.max_runs},block={self.block},seed={self.seed},"
             f"low_rank={self.low_rank}"
         )
-        return f"{CACHE_VERSION}|{kind}|{'|'.join(hashes)}|{self.settings.key()}|{protocol}"
+        own = settings or [self.settings] * len(hashes)
+        members = "|".join(
+            graph_hash
+            if graph_settings == self.settings
+            else f"{graph_hash}@{graph_settings.key()}"
+            for graph_hash, graph_settings in zip(hashes, own, strict=True)
+        )
+        return f"{CACHE_VERSION}|{kind}|{members}|{self.settings.key()}|{protocol}"
 
     def _store(self, key: str, entry: dict[str, Any]) -> None:
         self._cache[key] = entry
@@ -492,9 +529,13 @@ def _readable_comparison(entry: Any) -> bool:
     return bool(measurements) and all(_readable(m) for m in measurements)
 
 
+def _measurement_from_dict(entry: dict[str, Any]) -> Measurement:
+    return Measurement(**{**entry, "disabled": tuple(entry.get("disabled", ()))})
+
+
 def _comparison_from_dict(entry: dict[str, Any]) -> Comparison:
     return Comparison(
-        measurements=tuple(Measurement(**m) for m in entry["measurements"]),
+        measurements=tuple(_measurement_from_dict(m) for m in entry["measurements"]),
         ratios=tuple(entry["ratios"]),
         low_ratios=tuple(entry["low_ratios"]),
     )
