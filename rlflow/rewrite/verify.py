@@ -3,8 +3,9 @@
 A rule is verified at each of its shape settings (three or more): its example model (the
 source pattern with random constants) is loaded, the rule is applied at its first site, the
 result must pass `onnx.checker.check_model(full_check=True)` and compute the same outputs as
-the example in onnxruntime on random inputs (`rlflow.cost.equivalence`). A rule failing any
-setting is left out of every default RuleSet and listed by name with its reason.
+the example in onnxruntime on random inputs (`same_function`). A rule failing any setting is
+left out of every default RuleSet and listed by name with its reason. The rule generator checks
+its candidate rules with `same_function` too, so "verified" means one thing for every rule.
 
 Verdicts are cached in `$RLFLOW_CACHE_DIR/rewrite/verification.json` (default
 `~/.cache/rlflow/rewrite/`), keyed by rule name and a fingerprint of the rule's source, the
@@ -19,7 +20,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -27,7 +28,23 @@ from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.errors import first_line
 from rlflow.rewrite.rule import RewriteRejected, Rule
 
+if TYPE_CHECKING:
+    from rlflow.cost.equivalence import EquivalenceReport
+    from rlflow.cost.source import ModelLike
+
 _ENGINE_MODULES = ("rule.py", "pattern.py", "build.py", "template.py", "rules/common.py")
+
+RULE_SEEDS = (0, 1)
+"""The random input sets on which a rule's two sides are compared, at each shape setting."""
+
+
+def same_function(reference: ModelLike, candidate: ModelLike) -> EquivalenceReport:
+    """Whether `candidate` computes what `reference` does: the test every rule must pass at each
+    of its shape settings, at `rlflow.cost.equivalence`'s tolerances on RULE_SEEDS (the
+    onnxruntime optimiser off, so the rule is judged and not ORT's fusions)."""
+    from rlflow.cost.equivalence import check_equivalence
+
+    return check_equivalence(reference, candidate, seeds=RULE_SEEDS)
 
 
 @dataclass(frozen=True)
@@ -44,8 +61,6 @@ class VerificationResult:
 
 def verify_rule(rule: Rule) -> VerificationResult:
     """Apply `rule` to its example at every shape setting and check the result (never raises)."""
-    from rlflow.cost.equivalence import check_equivalence
-
     fingerprint = rule_fingerprint(rule)
     worst = 0.0
 
@@ -69,7 +84,7 @@ def verify_rule(rule: Rule) -> VerificationResult:
             return failed(setting, f"rewrite rejected: {error}")
         except Exception as error:  # checker errors come in several types; a rule bug too
             return failed(setting, f"invalid result: {first_line(error)}")
-        report = check_equivalence(graph, result, seeds=(0, 1))
+        report = same_function(graph, result)
         worst = max(worst, report.max_abs_err)
         if not report.equivalent:
             return failed(setting, report.reason)

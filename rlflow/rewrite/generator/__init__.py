@@ -16,7 +16,8 @@ the same over rlflow's op menu and writes the survivors to `rewrite/rules/genera
 - `enumeration`: every graph up to max_ops ops, grouped by fingerprint.
 - `pairs`: candidate rules, two graphs of one group; their joint domain.
 - `prune`: TASO's pruning of the pairs that follow from other rules.
-- `verification`: each kept pair run in onnxruntime at three points.
+- `verification`: each kept pair run in onnxruntime at three points, by the same test as
+  every other rule (`rlflow.rewrite.verify.same_function`).
 - `naming`: a kebab-case name that says what each rule does.
 - `rulefile`: the rule-file entries and the document.
 - `pipeline`: all of it per rank, ranks in parallel, then one sorted, named rule list.

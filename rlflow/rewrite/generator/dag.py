@@ -109,9 +109,9 @@ def infer_shapes(
     return subst, shapes
 
 
-def to_nodes(dag: ExprDag, prefix: str = "") -> tuple[list[list[Any]], list[str]]:
+def to_nodes(dag: ExprDag) -> tuple[list[list[Any]], list[str]]:
     """The DAG as rule-file nodes [op_type, inputs, outputs, attrs] and its output names:
-    inputs x<i>, internal values t<k>, outputs y<k> (with `prefix` on t and y names)."""
+    inputs x<i>, internal values t<k>, outputs y<k>."""
     names = [f"x{i}" for i in range(dag.num_inputs)]
     position = {v: k for k, v in enumerate(dag.outputs)}
     nodes, internal = [], 0
@@ -119,9 +119,9 @@ def to_nodes(dag: ExprDag, prefix: str = "") -> tuple[list[list[Any]], list[str]
         out_names = []
         for v in outs:
             if v in position:
-                out_names.append(f"{prefix}y{position[v]}")
+                out_names.append(f"y{position[v]}")
             else:
-                out_names.append(f"{prefix}t{internal}")
+                out_names.append(f"t{internal}")
                 internal += 1
         names += out_names
         spec = SPECS[key]
