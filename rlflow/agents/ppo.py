@@ -24,11 +24,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 import yaml
-from torch import nn
 from torch.distributions import Categorical
 from torch_geometric.data import Data
 
 import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
+from rlflow.agents.update import Evaluate, Rollout, UpdateConfig, ppo_update
 from rlflow.cost.cache import read_json, write_json_atomic
 from rlflow.envs import GRAPH_REWRITE_ID
 from rlflow.envs.graph_rewrite import GraphRewriteEnv
@@ -68,78 +68,51 @@ class PPOConfig:
     """Hyperparameters of a PPO run (X-RLflow's defaults); `configs/ppo.yaml` mirrors them."""
 
     # ---- the environment
-    models: list[str] = field(default_factory=lambda: ["squeezenet-1.1"])
-    """zoo names or .onnx paths; the env draws one per episode"""
-    size: str = "small"
-    """zoo model size: small | full"""
-    cost: str = "analytic"
-    """reward cost source: analytic | perop | e2e | e2e-sparse"""
-    measure_every: int = 10
-    """e2e-sparse: env steps between end-to-end measurements"""
-    ort_level: str = "all"
-    """onnxruntime optimisation level of measurements: all | disable"""
-    portable: bool = False
-    """only rules that emit standard ONNX ops"""
-    max_nodes: int = 512
-    """padded operator count of an observation"""
-    max_edges: int = 1024
-    """padded edge count of an observation"""
-    max_candidates: int = 128
-    """candidate action slots (plus stop)"""
-    max_site_nodes: int = 4
-    """node indices kept per candidate site"""
-    horizon: int = 100
-    """steps per episode before truncation"""
+    models: list[str] = field(default_factory=lambda: ["squeezenet-1.1"])  # one per episode
+    size: str = "small"  # zoo model size: small | full
+    cost: str = "analytic"  # reward cost source: analytic | perop | e2e | e2e-sparse
+    measure_every: int = 10  # e2e-sparse: env steps between end-to-end measurements
+    ort_level: str = "all"  # onnxruntime optimisation level of measurements: all | disable
+    portable: bool = False  # only rules that emit standard ONNX ops
+    max_nodes: int = 512  # padded operator count of an observation
+    max_edges: int = 1024  # padded edge count of an observation
+    max_candidates: int = 128  # candidate action slots (plus stop)
+    max_site_nodes: int = 4  # node indices kept per candidate site
+    horizon: int = 100  # steps per episode before truncation
 
     # ---- the network
-    scorer: str = "local"
-    """candidate scoring: local (one GNN pass per state) | full (one per candidate graph)"""
-    hidden: int = 64
-    """embedding size of the GNN and the heads"""
-    layers: int = 3
-    """GATv2 layers of the encoder"""
-    heads: int = 4
-    """attention heads per GATv2 layer"""
+    scorer: str = "local"  # local (one GNN pass per state) | full (one per candidate graph)
+    hidden: int = 64  # embedding size of the GNN and the heads
+    layers: int = 3  # GATv2 layers of the encoder
+    heads: int = 4  # attention heads per GATv2 layer
 
-    # ---- the algorithm
-    seed: int = 0
-    """seed of torch, numpy and the env's model draws"""
-    total_steps: int = 20000
-    """env steps of the whole run (a rerun continues to this count)"""
-    learning_rate: float = 5e-4
-    """Adam learning rate"""
-    anneal_lr: bool = False
-    """decay the learning rate linearly to 0 over total_steps"""
-    episodes_per_update: int = 10
-    """whole episodes collected per policy update"""
-    gamma: float = 0.99
-    """discount factor"""
-    gae_lambda: float = 0.95
-    """lambda of generalised advantage estimation"""
-    minibatch_size: int = 16
-    """states per gradient step"""
-    update_epochs: int = 4
-    """passes over the rollout per update"""
-    norm_adv: bool = True
-    """normalise advantages within each minibatch"""
-    clip_coef: float = 0.2
-    """PPO's surrogate clipping coefficient"""
-    clip_vloss: bool = True
-    """clip the value loss as the surrogate is clipped"""
-    ent_coef: float = 0.01
-    """coefficient of the entropy bonus"""
-    vf_coef: float = 0.5
-    """coefficient of the value loss"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip"""
-    target_kl: float | None = 0.05
-    """stop an update's epochs once the approximate KL passes this (null: never)"""
-    torch_threads: int = 1
-    """torch intra-op threads (the env measures with one thread too)"""
+    # ---- the algorithm (the update's knobs: rlflow.agents.update.UpdateConfig)
+    seed: int = 0  # seed of torch, numpy and the env's model draws
+    total_steps: int = 20000  # env steps of the whole run (a rerun continues to this count)
+    learning_rate: float = 5e-4  # Adam learning rate
+    anneal_lr: bool = False  # decay the learning rate linearly to 0 over total_steps
+    episodes_per_update: int = 10  # whole episodes collected per policy update
+    gamma: float = 0.99  # discount factor
+    gae_lambda: float = 0.95  # lambda of generalised advantage estimation
+    minibatch_size: int = 16  # states per gradient step
+    update_epochs: int = UpdateConfig.update_epochs
+    norm_adv: bool = UpdateConfig.norm_adv
+    clip_coef: float = UpdateConfig.clip_coef
+    clip_vloss: bool = UpdateConfig.clip_vloss
+    ent_coef: float = UpdateConfig.ent_coef
+    vf_coef: float = UpdateConfig.vf_coef
+    max_grad_norm: float = UpdateConfig.max_grad_norm
+    target_kl: float | None = UpdateConfig.target_kl  # null: never stop an update early
+    torch_threads: int = 1  # torch intra-op threads (the env measures with one thread too)
 
     def env_kwargs(self) -> dict[str, Any]:
         """The GraphRewriteEnv keyword arguments of this config, without `models`."""
         return {name: getattr(self, name) for name in ENV_FIELDS}
+
+    def update_config(self) -> UpdateConfig:
+        """This run's knobs of the PPO update."""
+        names = [knob.name for knob in dataclasses.fields(UpdateConfig)]
+        return UpdateConfig(**{name: getattr(self, name) for name in names})
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -271,6 +244,27 @@ def evaluate_actions(
     if actions is None:
         actions = probs.sample()
     return actions, probs.log_prob(actions), probs.entropy(), value
+
+
+def replay(
+    scorer: CandidateScorer,
+    states: list[Data],
+    candidates: list[list[Data]],
+    actions: torch.Tensor,
+) -> Evaluate:
+    """The update's view of a rollout: the taken actions of the steps it picks, re-evaluated
+    by the scorer as it is now."""
+
+    def evaluate(indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        _, logprob, entropy, value = evaluate_actions(
+            scorer,
+            [states[i] for i in indices],
+            [candidates[i] for i in indices],
+            actions[indices],
+        )
+        return logprob, entropy, value
+
+    return evaluate
 
 
 # ---- training ------------------------------------------------------------------------------
@@ -416,60 +410,9 @@ def train(
 
         # ---- optimise the policy and value network
         scorer.train()
-        b_inds = np.arange(steps)
-        clipfracs: list[float] = []
-        pg_loss = v_loss = entropy_loss = approx_kl = old_approx_kl = torch.tensor(0.0)
-        for _epoch in range(config.update_epochs):
-            np.random.shuffle(b_inds)
-            for start in range(0, steps, config.minibatch_size):
-                mb_inds = b_inds[start : start + config.minibatch_size]
-                _, newlogprob, entropy, newvalue = evaluate_actions(
-                    scorer,
-                    [obs[i] for i in mb_inds],
-                    [cands[i] for i in mb_inds],
-                    b_actions[mb_inds],
-                )
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > config.clip_coef).float().mean().item())
-
-                mb_advantages = advantages[mb_inds]
-                if config.norm_adv and len(mb_inds) > 1:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (
-                        mb_advantages.std() + 1e-8
-                    )
-
-                # Policy loss
-                pg_loss1 = -mb_advantages * ratio
-                pg_loss2 = -mb_advantages * torch.clamp(
-                    ratio, 1 - config.clip_coef, 1 + config.clip_coef
-                )
-                pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-                # Value loss
-                if config.clip_vloss:
-                    v_loss_unclipped = (newvalue - returns[mb_inds]) ** 2
-                    v_clipped = b_values[mb_inds] + torch.clamp(
-                        newvalue - b_values[mb_inds], -config.clip_coef, config.clip_coef
-                    )
-                    v_loss_clipped = (v_clipped - returns[mb_inds]) ** 2
-                    v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - returns[mb_inds]) ** 2).mean()
-
-                entropy_loss = entropy.mean()
-                loss = pg_loss - config.ent_coef * entropy_loss + v_loss * config.vf_coef
-
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(scorer.parameters(), config.max_grad_norm)
-                optimizer.step()
-
-            if config.target_kl is not None and approx_kl > config.target_kl:
-                break
+        rollout = Rollout(b_logprobs, b_values, advantages, returns)
+        evaluate = replay(scorer, obs, cands, b_actions)
+        stats = ppo_update(evaluate, rollout, scorer, optimizer, config.update_config())
         update += 1
 
         y_pred, y_true = b_values.numpy(), returns.numpy()
@@ -478,12 +421,12 @@ def train(
         elapsed = time.perf_counter() - started
         sps = int((global_step - start_step) / elapsed) if elapsed > 0 else 0
         writer.scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.scalar("losses/value_loss", v_loss.item(), global_step)
-        writer.scalar("losses/policy_loss", pg_loss.item(), global_step)
-        writer.scalar("losses/entropy", entropy_loss.item(), global_step)
-        writer.scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-        writer.scalar("losses/approx_kl", approx_kl.item(), global_step)
-        writer.scalar("losses/clipfrac", float(np.mean(clipfracs)), global_step)
+        writer.scalar("losses/value_loss", stats.value_loss, global_step)
+        writer.scalar("losses/policy_loss", stats.policy_loss, global_step)
+        writer.scalar("losses/entropy", stats.entropy, global_step)
+        writer.scalar("losses/old_approx_kl", stats.old_approx_kl, global_step)
+        writer.scalar("losses/approx_kl", stats.approx_kl, global_step)
+        writer.scalar("losses/clipfrac", stats.clipfrac, global_step)
         writer.scalar("losses/explained_variance", explained_var, global_step)
         writer.scalar("charts/SPS", sps, global_step)
         writer.scalar("charts/real_measurements", real_measurements(), global_step)
@@ -491,11 +434,11 @@ def train(
             {
                 "update": update,
                 "global_step": global_step,
-                "value_loss": v_loss.item(),
-                "policy_loss": pg_loss.item(),
-                "entropy": entropy_loss.item(),
-                "approx_kl": approx_kl.item(),
-                "clipfrac": float(np.mean(clipfracs)),
+                "value_loss": stats.value_loss,
+                "policy_loss": stats.policy_loss,
+                "entropy": stats.entropy,
+                "approx_kl": stats.approx_kl,
+                "clipfrac": stats.clipfrac,
                 "sps": sps,
             }
         )
