@@ -13,7 +13,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("rules", help="the rewrite rules: list, verify, generate")
     actions = parser.add_subparsers(dest="rules_action", required=True, metavar="ACTION")
 
-    listing = actions.add_parser("list", help="every rule: ops, origin, verification status")
+    listing = actions.add_parser("list", help="every rule: equation, origin, verification status")
     listing.add_argument("--portable", action="store_true", help="only plain-ONNX rules")
     listing.add_argument("--json", action="store_true", help="print one JSON object last")
 
@@ -59,22 +59,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """One line a rule, `name: source => target` after its status, as egg lists rewrites."""
     from rlflow.rewrite import list_rules
+    from rlflow.rewrite.rules import all_rules
 
-    records = [r for r in list_rules() if r["portable"] or not args.portable]
+    rules = [rule for rule in all_rules() if rule.portable or not args.portable]
+    records = [
+        {**record, "equation": rule.equation}
+        for rule, record in zip(rules, list_rules(rules), strict=True)
+    ]
     if args.json:
         print_json({"rules": records, "count": len(records)})
         return 0
-    width = max(len(r["name"]) for r in records)
-    header = f"{'rule':<{width}}  {'origin':<9} {'portable':<8} {'verified':<8}"
-    print(f"{header} ops (source -> target)")
+    print(f"{'origin':<9} {'portable':<8} {'verified':<8} rule: source => target")
     for record in records:
         status = {True: "yes", False: "FAILED", None: "not yet"}[record["verified"]]
-        source = _ops(record["source_ops"])
-        target = _ops(record["target_ops"])
         print(
-            f"{record['name']:<{width}}  {record['origin']:<9} "
-            f"{'yes' if record['portable'] else 'no':<8} {status:<8} {source} -> {target}"
+            f"{record['origin']:<9} {'yes' if record['portable'] else 'no':<8} {status:<8} "
+            f"{record['name']}: {record['equation']}"
         )
     verified = sum(r["verified"] is True for r in records)
     print(
@@ -178,7 +180,3 @@ def _candidates(args: argparse.Namespace) -> int:
     for name, count in result["by_rule"].items():
         print(f"  {count:>4}  {name}")
     return 0
-
-
-def _ops(counts: dict[str, int]) -> str:
-    return " ".join(f"{op}x{n}" if n > 1 else op for op, n in counts.items()) or "-"

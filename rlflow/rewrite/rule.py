@@ -188,6 +188,16 @@ class Rule:
             self.anchor_ops = self.reverse_anchor_ops
             self.source_ops, self.target_ops = self.target_ops, self.source_ops
 
+    @property
+    def equation(self) -> str:
+        """The rule as `source => target`, the way egg lists its rewrites (`rules list`).
+
+        A rule whose matching and rewrite are both code states its sides only in its
+        description, so that is what it shows; rules with a source pattern or with both
+        sides as data override this with what they really match and build.
+        """
+        return _arrowed(*_description_sides(self.description))
+
     def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
         raise NotImplementedError
 
@@ -305,6 +315,15 @@ class PatternRule(Rule):
         elif not self.source_ops:
             self.source_ops = counts
 
+    @property
+    def equation(self) -> str:
+        """The source as the matcher reads it (alternatives joined by `|`); the target as the
+        description states it, since the rewrite is code with no pattern of its own."""
+        text = self.reverse_pattern if self.reverse else self.pattern
+        texts = (text,) if isinstance(text, str) else text
+        source = " | ".join(" ".join(t.split()) for t in texts)
+        return _arrowed(source, _description_sides(self.description)[1])
+
     def anchors(self, index: GraphIndex) -> Sequence[Node]:
         return pattern_anchors(self.patterns, index)
 
@@ -313,6 +332,17 @@ class PatternRule(Rule):
             for binding in pattern.match(graph, anchor):
                 outputs = tuple(binding.values[name] for name in pattern.outputs)
                 yield Match(binding.nodes, binding.values, outputs, pattern_index=index)
+
+
+def _description_sides(description: str) -> tuple[str, str]:
+    """A description's source and target: the text either side of its first ` -> ` (a note
+    after the target, `(c per channel)`, stays with it); no arrow: all of it is the source."""
+    source, _, target = description.partition(" -> ")
+    return source, target
+
+
+def _arrowed(source: str, target: str) -> str:
+    return f"{source} => {target}" if target else source
 
 
 def pattern_anchors(patterns: Sequence[Pattern], index: GraphIndex) -> Sequence[Node]:

@@ -124,6 +124,12 @@ class TemplateRule(Rule):
         self.target_ops = _counts(self.rhs)
         self.portable = all(_op(node[0])[0] in STANDARD_DOMAINS for node in self.rhs["nodes"])
 
+    @property
+    def equation(self) -> str:
+        """Both sides as the nested expressions they are, e.g.
+        `Transpose(MatMul(x0, x1), perm=[1,0]) => MatMul(Transpose(x1, perm=[1,0]), ...)`."""
+        return f"{_expression(self.lhs)} => {_expression(self.rhs)}"
+
     def fingerprint(self) -> str:
         text = json.dumps([self.spec, self.reverse], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
@@ -214,6 +220,28 @@ def graph_as_written(model: onnx.ModelProto) -> Graph:
 
 def _text(side: Mapping[str, Any]) -> str:
     return "; ".join(f"{','.join(o)} = {op}({', '.join(i)})" for op, i, o, _ in side["nodes"])
+
+
+def _expression(side: Mapping[str, Any]) -> str:
+    """A side's outputs as nested calls, attributes after the operands, output k of a
+    multi-output op as `Op(...)[k]`, and several outputs as a tuple. A value read twice is
+    written out twice: the sides are a few operators, and a tree reads more easily than
+    named intermediates."""
+    values: dict[str, str] = {}
+    for op_type, inputs, outputs, attrs in side["nodes"]:
+        operands = [values.get(name, name) for name in inputs]
+        operands += [f"{key}={_attribute(value)}" for key, value in attrs.items()]
+        call = f"{op_type}({', '.join(operands)})"
+        for k, name in enumerate(outputs):
+            values[name] = call if len(outputs) == 1 else f"{call}[{k}]"
+    results = [values.get(name, name) for name in side["outputs"]]
+    return results[0] if len(results) == 1 else f"({', '.join(results)})"
+
+
+def _attribute(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
 
 
 def _side_model(

@@ -135,7 +135,8 @@ def list_rules(rules: Sequence[Rule] | None = None, verify: bool = False) -> lis
     """One record per rule for `rlflow rules list [--json]`.
 
     Keys: name, origin, portable, source_ops, target_ops, description, verified (True, False,
-    or None when not verified yet; `verify=True` verifies those first) and reason.
+    or None when not verified yet; `verify=True` verifies those first) and reason. The command
+    adds each rule's `equation` (Rule.equation) beside them.
     """
     from rlflow.rewrite.rules import all_rules
 
