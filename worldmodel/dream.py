@@ -151,7 +151,7 @@ class DreamEnv(gym.Env):
 
     `Discrete(A)`: actions 0..A-2 apply one of the world model's active rules (`rule_names`,
     the rules that had a candidate somewhere in the collected data), A-1 stops. Which site a
-    rule is applied at does not exist in the dream (see rlflow.worldmodel.controller).
+    rule is applied at does not exist in the dream (see rlflow.worldmodel.policy).
 
     ## Observation Space
 

@@ -65,8 +65,9 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.config import build, overrides, section, write_run_config
     from rlflow.cost.cache import write_json_atomic
     from rlflow.errors import RlflowError
-    from rlflow.worldmodel.controller import ControllerSettings, train_controller
+    from rlflow.worldmodel.controller import ControllerSettings
     from rlflow.worldmodel.model import WorldModel
+    from rlflow.worldmodel.train_controller import train_controller
 
     started = time.perf_counter()
     set_torch_threads(args.threads)
