@@ -7,12 +7,22 @@ setup(
     version="0.1.0",
     description="Reinforcement-learned, verified tensor-graph rewriting on ONNX (X-RLflow, RLFlow)",
     python_requires=">=3.11",
-    # envs/ and worldmodel/ keep their top-level folders (the design card's layout) but install
-    # as rlflow.envs and rlflow.worldmodel: generic names like `envs` must not land in users'
-    # site-packages, where they would shadow or be shadowed by other projects' packages.
-    packages=[*find_packages(include=["rlflow", "rlflow.*"]), "rlflow.envs", "rlflow.worldmodel"],
-    package_dir={"rlflow.envs": "envs", "rlflow.worldmodel": "worldmodel"},
-    package_data={"rlflow": ["rewrite/rules/*.json"]},
+    # envs/, worldmodel/ and configs/ keep their top-level folders (the design card's layout)
+    # but install as rlflow.envs, rlflow.worldmodel and rlflow.configs: generic names like
+    # `envs` must not land in users' site-packages, where they would shadow or be shadowed by
+    # other projects' packages.
+    packages=[
+        *find_packages(include=["rlflow", "rlflow.*"]),
+        "rlflow.envs",
+        "rlflow.worldmodel",
+        "rlflow.configs",
+    ],
+    package_dir={
+        "rlflow.envs": "envs",
+        "rlflow.worldmodel": "worldmodel",
+        "rlflow.configs": "configs",
+    },
+    package_data={"rlflow": ["rewrite/rules/*.json"], "rlflow.configs": ["*.yaml"]},
     include_package_data=True,
     install_requires=[
         # torch is pinned by scripts/setup_venv.sh before this install: a plain "torch"
@@ -30,7 +40,7 @@ setup(
         "pyyaml>=6",
         "tqdm>=4.66",
         "matplotlib>=3.8",
-        "cma>=3.3",  # CMA-ES of the world-model controller (worldmodel/controller.py)
+        "cma>=3.3",  # CMA-ES of the world-model controller (worldmodel/cmaes.py)
     ],
     extras_require={"dev": ["pytest>=8", "ruff>=0.5"]},
     entry_points={"console_scripts": ["rlflow=rlflow.cli:main"]},

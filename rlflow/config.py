@@ -8,6 +8,8 @@ was made with in `config.yaml` (with its `kind`); a rerun must agree with them.
 from __future__ import annotations
 
 import dataclasses
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,14 +18,18 @@ import yaml
 from rlflow.errors import RlflowError, first_line
 from rlflow.fileio import write_bytes_atomic
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "worldmodel.yaml"
-"""The repository's defaults file (absent from an installed wheel: the dataclasses mirror it)."""
+CONFIGS = files("rlflow.configs")
+"""The shipped config files (the repository's configs/, installed as rlflow.configs)."""
+DEFAULT_CONFIG = CONFIGS / "worldmodel.yaml"
+"""What collect, train-wm and train-controller read their section of without `--config`."""
 
 T = TypeVar("T")
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+def read_yaml(path: str | Path | Traversable) -> dict[str, Any]:
+    """The mapping in a YAML file (empty for an empty file); RlflowError if it is missing,
+    unreadable or not a mapping."""
+    path = Path(path) if isinstance(path, str) else path
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -38,11 +44,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def section(path: str | Path | None, name: str) -> dict[str, Any]:
-    """Section `name` of a config file (`path`, else the repository's default, if present)."""
-    if path is None:
-        if not DEFAULT_CONFIG.is_file():
-            return {}
-        path = DEFAULT_CONFIG
+    """Section `name` of a config file (`path`, else `DEFAULT_CONFIG`)."""
+    path = DEFAULT_CONFIG if path is None else path
     values = read_yaml(path).get(name, {}) or {}
     if not isinstance(values, dict):
         raise RlflowError(f"config {path}: section {name!r} must be a mapping")
@@ -101,5 +104,10 @@ def write_run_config(
                 f"{run_dir} was made with other settings ({', '.join(differ)} differ); "
                 "use a new --out or the same settings"
             )
+    save_run_config(run_dir, kind, values)
+
+
+def save_run_config(run_dir: Path, kind: str, values: dict[str, Any]) -> None:
+    """Write RUN_DIR/config.yaml (`kind` first, then `values`) atomically, as it is."""
     text = yaml.safe_dump({"kind": kind, **values}, sort_keys=False)
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(Path(run_dir) / "config.yaml", text.encode("utf-8"))

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlflow.config import read_yaml
 from rlflow.cost import geometric_mean
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,7 +164,7 @@ class Bench:
         args = self.args
         run = Path(args.ppo)
         progress_path = run / "progress.json"
-        config = _read_yaml(run / "config.yaml")
+        config = read_yaml(run / "config.yaml")
         total = int(config.get("total_steps", 0))
         while True:
             progress = json.loads(progress_path.read_text())
@@ -249,7 +250,7 @@ class Bench:
         runner = Runner(OrtSettings(threads=1, ort_level="all"))
         policy = load_controller_policy(self.out / f"controller-{budget}")
         ppo_policy = load_policy(f"agent:{args.ppo}")
-        ppo_horizon = int(_read_yaml(Path(args.ppo) / "config.yaml").get("horizon", 50))
+        ppo_horizon = int(read_yaml(Path(args.ppo) / "config.yaml").get("horizon", 50))
         table: dict[str, Any] = {}
         for model in args.models:
             env = real_env(policy.world, model)
@@ -299,12 +300,6 @@ class Bench:
             del graphs
         cached.write_text(json.dumps(table, indent=1))
         return table
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    return yaml.safe_load(path.read_text()) or {}
 
 
 def load_range(results: Path) -> str:

@@ -23,17 +23,17 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-import yaml
 from torch.distributions import Categorical
 from torch_geometric.data import Data
 
 import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.agents.update import Evaluate, Rollout, UpdateConfig, ppo_update
+from rlflow.config import save_run_config
 from rlflow.cost.cache import read_json, write_json_atomic
 from rlflow.envs import GRAPH_REWRITE_ID
 from rlflow.envs.graph_rewrite import GraphRewriteEnv
 from rlflow.errors import RlflowError, first_line
-from rlflow.fileio import write_bytes_atomic, write_text_atomic
+from rlflow.fileio import write_bytes_atomic
 from rlflow.nn import (
     SCORER_MODES,
     CandidateScorer,
@@ -144,22 +144,6 @@ class PPOConfig:
             raise RlflowError(f"horizon must be at least 1, got {self.horizon}")
         if self.hidden % self.heads:
             raise RlflowError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
-
-
-def load_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The mapping in a YAML config file (RlflowError if missing or not a mapping)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            values = yaml.safe_load(handle)
-    except OSError as error:
-        raise RlflowError(f"cannot read config {path}: {first_line(error)}") from None
-    except yaml.YAMLError as error:
-        raise RlflowError(f"config {path} is not valid YAML: {first_line(error)}") from None
-    if values is None:
-        return {}
-    if not isinstance(values, dict):
-        raise RlflowError(f"config {path} must be a mapping of hyperparameters")
-    return values
 
 
 def make_env(config: PPOConfig) -> GraphRewriteEnv:
@@ -310,7 +294,7 @@ def train(
         np.random.set_state(resumed["numpy_rng"])
         progress_log = _progress_until(read_json(run_dir / "progress.json"), global_step)
 
-    _write_config(run_dir, config)
+    save_run_config(run_dir, "ppo", config.to_dict())
     # purge_step: TensorBoard drops what a killed run logged after its last checkpoint.
     writer = TensorBoard(run_dir, purge_step=global_step + 1 if resumed else None)
     writer.text("hyperparameters", _hyperparameter_table(config), global_step)
@@ -502,11 +486,6 @@ def _check_resumable(saved: dict[str, Any], config: PPOConfig, run_dir: Path) ->
             f"{run_dir} holds a run with another network ({details}); "
             "train into a new --out or keep these settings"
         )
-
-
-def _write_config(run_dir: Path, config: PPOConfig) -> None:
-    text = yaml.safe_dump({"kind": "ppo", **config.to_dict()}, sort_keys=False)
-    write_text_atomic(run_dir / "config.yaml", text)
 
 
 def _hyperparameter_table(config: PPOConfig) -> str:

@@ -73,14 +73,15 @@ FLAG_FIELDS = {
 
 def resolve_config(args: argparse.Namespace) -> Any:
     """The run's PPOConfig: defaults, then the config file, then the flags."""
-    from rlflow.agents.ppo import PPOConfig, load_config
+    from rlflow.agents.ppo import PPOConfig
+    from rlflow.config import read_yaml
 
     run_dir = Path(args.out)
     values: dict[str, Any] = {}
     if args.config:
-        values = load_config(args.config)
+        values = read_yaml(args.config)
     elif (run_dir / "config.yaml").is_file():
-        values = load_config(run_dir / "config.yaml")
+        values = read_yaml(run_dir / "config.yaml")
     values = {key: value for key, value in values.items() if key != "kind"}
     for dest, name in FLAG_FIELDS.items():
         value = getattr(args, dest, None)

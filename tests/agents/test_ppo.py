@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rlflow.agents.evaluate import policy_rollouts
 from rlflow.agents.policy import Policy, PPOPolicy, load_ppo_policy
 from rlflow.agents.ppo import CHECKPOINT, PPOConfig, load_checkpoint, make_scorer, train
+from rlflow.config import CONFIGS, read_yaml
 from rlflow.cost import AnalyticCostModel
 from rlflow.envs.graph_rewrite import _default_rules
 from rlflow.errors import RlflowError
@@ -172,3 +173,7 @@ def test_load_ppo_policy_errors(tmp_path) -> None:
     torch.save({"kind": "something else"}, path)
     with pytest.raises(RlflowError, match="not an rlflow PPO checkpoint"):
         load_ppo_policy(tmp_path)
+
+
+def test_configs_ppo_yaml_mirrors_the_config_defaults() -> None:
+    assert read_yaml(CONFIGS / "ppo.yaml") == PPOConfig().to_dict()

@@ -3,14 +3,11 @@ candidate cap, and rewards that telescope (analytic) or add up to the measured s
 
 from __future__ import annotations
 
-import inspect
 import json
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
-import yaml
 from gymnasium.utils.env_checker import check_env
 
 import rlflow.envs
@@ -21,7 +18,6 @@ from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, gr
 from rlflow.rewrite.session import EpisodeState, RewriteSession
 
 SMALL = "resnet-18"  # 41 operators, 16 candidates from 3 rules
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "env.yaml"
 
 
 def fast_runner() -> Runner:
@@ -281,21 +277,6 @@ def test_e2e_sparse_measures_every_n_steps_and_the_return_is_the_measured_saving
     # One session for the original at reset, two (original again, graph) per measured step.
     assert 1 < info["real_measurements"] <= 1 + 2 * len(measured_steps)
     assert info["real_measurements"] == runner.sessions_built
-
-
-# ---- configuration ---------------------------------------------------------------------------
-
-
-def test_configs_env_yaml_mirrors_the_constructor_defaults():
-    config = yaml.safe_load(CONFIG.read_text())
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(GraphRewriteEnv).parameters.items()
-        if name not in ("runner", "perop_model", "ruleset", "render_mode")
-    }
-    assert config.pop("max_episode_steps") == rlflow.envs.MAX_EPISODE_STEPS
-    assert config.pop("models") == ["squeezenet-1.1"] and defaults.pop("models") is None
-    assert config == defaults
 
 
 def test_render_ansi_summarises_the_episode():
