@@ -18,13 +18,15 @@ original, and only an equivalent graph is handed back (else RlflowError).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlflow.agents.spec import AgentSpec, is_agent_spec, parse_agent
-from rlflow.cost import EquivalenceReport, OrtSettings, Runner, check_equivalence
+from rlflow.cost import Deployment, EquivalenceReport, OrtSettings, Runner, check_equivalence
+from rlflow.cost.ort_optimizer import Peer, StartState, start_states, tuning_peer
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_bytes_atomic
 from rlflow.graph import Graph
@@ -127,15 +129,17 @@ def run_search(
     *,
     runner: Runner,
     progress: Progress | None = None,
+    reference: Graph | None = None,
 ) -> SearchResult:
-    """Run a search baseline on `original`; its result is measured but not yet checked."""
+    """Run a search baseline from `original`; its result is measured (against `reference`,
+    default the graph it started from) but not yet checked."""
     from rlflow.rewrite import default_ruleset
     from rlflow.search import search
 
     options.validate()
     cost = make_cost(options.cost or "analytic", settings)
     session = RewriteSession(original, default_ruleset(portable=options.portable), model=label)
-    kwargs: dict[str, Any] = {"runner": runner, "top_k": options.top_k}
+    kwargs: dict[str, Any] = {"runner": runner, "top_k": options.top_k, "reference": reference}
     if progress is not None:
         kwargs["progress"] = progress
     if options.budget is not None:
@@ -156,9 +160,10 @@ def run_agent(
     *,
     runner: Runner,
     progress: Progress | None = None,
+    reference: Graph | None = None,
 ) -> SearchResult:
-    """Roll a trained agent out on `original`, then time its best final graphs against the
-    original exactly as a search does (`rlflow.search.finish`)."""
+    """Roll a trained agent out from `original`, then time its best final graphs exactly as a
+    search does (`rlflow.search.finish`, against `reference` if given)."""
     from rlflow.agents.evaluate import policy_rollouts
     from rlflow.worldmodel.policy import load_agent_policy
 
@@ -189,6 +194,7 @@ def run_agent(
         started=started,
         runner=runner,
         progress=progress if progress is not None else NO_PROGRESS,
+        reference=reference,
     )
 
 
@@ -201,20 +207,19 @@ def run_method(
     *,
     runner: Runner,
     progress: Progress | None = None,
+    reference: Graph | None = None,
 ) -> SearchResult:
     """`run_agent` for an agent, else `run_search`: measured, not yet checked."""
+    common: dict[str, Any] = {"runner": runner, "progress": progress, "reference": reference}
     if method.agent is not None:
-        return run_agent(
-            method.agent, original, label, settings, options, runner=runner, progress=progress
-        )
-    return run_search(
-        method.name, original, label, settings, options, runner=runner, progress=progress
-    )
+        return run_agent(method.agent, original, label, settings, options, **common)
+    return run_search(method.name, original, label, settings, options, **common)
 
 
-def check_result(original: Graph, result: SearchResult) -> EquivalenceReport:
-    """The equivalence report of the result against the original; RlflowError if it fails."""
-    report = check_equivalence(original, result.graph)
+def check_result(original: Graph, graph: Graph) -> EquivalenceReport:
+    """The equivalence report of an optimised graph against the original, each run under the
+    settings it declares (the original with the optimiser off); RlflowError if it fails."""
+    report = check_equivalence(original, graph)
     if not report.equivalent:
         raise RlflowError(
             f"the optimised graph is not equivalent to the original ({report.reason}); "
@@ -238,10 +243,16 @@ class OptimizeResult:
     result: SearchResult
     report: EquivalenceReport
     wall_s: float
-
-    @property
-    def graph(self) -> Graph:
-        return self.result.graph
+    settings: OrtSettings
+    """The original's settings, what speedups are against (onnxruntime's defaults: level all)."""
+    deploy: Deployment
+    graph: Graph
+    """The result as written: the search's graph with the metadata of its deployment."""
+    start: StartState
+    """The start state the method began from (the best of those measured, offline)."""
+    start_speedups: dict[str, float]
+    """Every start state measured, by name: its speedup over the original under ORT's defaults."""
+    peer: Peer | None
 
     def write(self, path: str | Path) -> Path:
         """The optimised model as ONNX at `path` (written atomically)."""
@@ -250,14 +261,28 @@ class OptimizeResult:
     def summary(self, **extra: Any) -> dict[str, Any]:
         """The JSON-ready summary (the `optimize --json` contract); `extra` fields are added
         before the episode record, which stays last."""
+        from rlflow.cost import ORT_CONFIG_KEY, TARGET_KEY
+
         result, report = self.result, self.report
+        metadata = self.graph.metadata
         summary: dict[str, Any] = {
             "model": result.model,
             "method": str(self.method),
             "original_ms": result.original_ms,
             "optimized_ms": result.optimized_ms,
             "speedup": result.speedup,
-            "ort_level": result.ort_level,
+            "peer_speedup": self.peer.speedup if self.peer else None,
+            "peer_knob": self.peer.knob if self.peer else None,
+            "peer_speedups": self.peer.speedups if self.peer else None,
+            "deploy": self.deploy.mode,
+            "ort_config": json.loads(metadata[ORT_CONFIG_KEY])
+            if ORT_CONFIG_KEY in metadata
+            else None,
+            "target": json.loads(metadata[TARGET_KEY]) if TARGET_KEY in metadata else None,
+            "start_state": self.start.name,
+            "start_speedups": self.start_speedups,
+            "ort_level": self.settings.ort_level,
+            "result_ort_level": result.ort_level,
             "threads": result.threads,
             "provider": result.provider,
             "steps": len(result.actions),
@@ -283,6 +308,25 @@ class OptimizeResult:
         return summary
 
 
+def _json_entry(metadata: dict[str, str], key: str) -> Any:
+    return json.loads(metadata[key]) if key in metadata else None
+
+
+def choose_start(
+    original: Graph, runner: Runner, progress: Progress | None = None
+) -> tuple[StartState, dict[str, float]]:
+    """The fastest of the start states (the original as written, onnxruntime's graphs of it),
+    each timed against the original under the Runner's settings in one interleaved run; ties go
+    to the earlier state (the original, then ORT's `all`)."""
+    states = start_states(original, runner.settings)
+    if progress is not None:
+        progress.set_postfix_str(f"timing {len(states)} start states", refresh=True)
+    comparison = runner.compare([original, *(state.graph for state in states)])
+    speedups = dict(zip((state.name for state in states), comparison.speedups[1:], strict=True))
+    best = max(range(len(states)), key=lambda index: comparison.speedups[index + 1])
+    return states[best], speedups
+
+
 def optimize(
     original: Graph,
     method: Method,
@@ -290,26 +334,66 @@ def optimize(
     label: str = "model",
     settings: OrtSettings | None = None,
     options: SearchOptions | None = None,
+    deploy: Deployment | None = None,
     runner: Runner | None = None,
     progress: Progress | None = None,
+    peer: bool = True,
 ) -> OptimizeResult:
-    """Optimise `original` with `method` and check the result (RlflowError if it is not
-    equivalent). `runner` times the final graphs (default: `rlflow.search.default_runner`)."""
+    """Optimise `original` with `method` for `deploy` (default offline) and check the result
+    (RlflowError if it is not equivalent).
+
+    `settings` are the original's: what a user runs today (default: onnxruntime's defaults,
+    level all); speedups are against it. Offline, the method starts from the fastest start
+    state (`choose_start`; the original only if `options.portable`), works on graphs run as
+    written, and the result declares so; online, it starts from the original and everything runs
+    under `settings`. `peer` also times the
+    tuning peer (`rlflow.cost.ort_optimizer.tuning_peer`). `runner` times the final graphs
+    (default: `rlflow.search.default_runner`).
+    """
     started = time.perf_counter()
     settings = (settings or OrtSettings()).resolved()
     options = options or SearchOptions()
     options.validate()
+    deploy = deploy or Deployment("offline")
+    runner = runner or default_runner(settings)
+    reference: Graph | None = original if deploy.mode == "offline" else None
+    if deploy.mode == "offline" and not options.portable:
+        start, start_speedups = choose_start(original, runner, progress)
+    else:  # online, or portable (onnxruntime's graphs hold its own operators)
+        start, start_speedups = StartState("original", original, None), {}
     result = run_method(
         method,
-        original,
+        start.graph,
         label,
-        settings,
+        deploy.settings(settings),
         options,
-        runner=runner or default_runner(settings),
+        runner=runner,
         progress=progress,
+        reference=reference,
     )
-    report = check_result(original, result)
-    return OptimizeResult(method, original, result, report, time.perf_counter() - started)
+    provider = settings.provider
+    graph = result.graph.with_metadata(
+        deploy.metadata(provider, {node.domain for node in result.graph.nodes})
+    )
+    report = check_result(original, graph)
+    tuning = None
+    if peer:
+        if progress is not None:
+            progress.set_postfix_str("timing onnxruntime's own knobs (the tuning peer)")
+        tuning = tuning_peer(original, runner)
+    return OptimizeResult(
+        method=method,
+        original=original,
+        result=result,
+        report=report,
+        wall_s=time.perf_counter() - started,
+        settings=settings,
+        deploy=deploy,
+        graph=graph,
+        start=start,
+        start_speedups=start_speedups,
+        peer=tuning,
+    )
 
 
 __all__ = [
@@ -319,6 +403,7 @@ __all__ = [
     "OptimizeResult",
     "SearchOptions",
     "check_result",
+    "choose_start",
     "expansion_total",
     "optimize",
     "run_method",

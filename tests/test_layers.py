@@ -27,6 +27,7 @@ DIRECT = {
     "agents": {"envs", "search"},
     "worldmodel": {"agents"},
     "report": set(),
+    "runtime": {"cost"},
     "optimize": {"worldmodel"},
     "commands": {"optimize", "report"},
     "cli": {"commands"},

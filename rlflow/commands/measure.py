@@ -14,7 +14,7 @@ from rlflow.commands.common import (
     print_json,
     resolve_model,
 )
-from rlflow.cost import OrtSettings, Runner, check_equivalence
+from rlflow.cost import ORT_LEVELS, OrtSettings, Runner, check_equivalence
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,9 +31,10 @@ def add_ort_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
     parser.add_argument(
         "--ort-level",
-        choices=("all", "extended", "basic", "disable"),
+        choices=tuple(ORT_LEVELS),
         default="all",
-        help="onnxruntime's own graph optimisation level (default all)",
+        help="onnxruntime's own graph optimisation level for a model that declares none in its "
+        "ort_config (default all: onnxruntime's default)",
     )
 
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         "median_ms": comparison.measurements[0].median_ms,
         "runs": comparison.measurements[0].runs,
         "threads": settings.threads,
-        "ort_level": settings.ort_level,
+        "ort_level": comparison.measurements[0].ort_level,
         "provider": settings.provider,
     }
     if args.vs:
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
             vs_min_ms=other.min_ms,
             vs_low_ms=other.low_ms,
             vs_median_ms=other.median_ms,
+            vs_ort_level=other.ort_level,
             ratio=comparison.ratios[1],
             speedup=comparison.speedups[1],
             low_ratio=comparison.low_ratios[1],
@@ -95,7 +97,8 @@ def print_table(result: dict, comparison, labels: list[str]) -> None:
         verdict = "yes" if result["equivalent"] else "no"
         note = "" if result["equivalent"] else f" ({result['equivalence_note']})"
         print(f"equivalent: {verdict}, max abs error {result['max_abs_err']:.2e}{note}")
+    levels = result["ort_level"] + (f" / {result['vs_ort_level']}" if "vs" in result else "")
     print(
-        f"settings: {result['threads']} thread(s), ort-level {result['ort_level']}, "
-        f"provider {result['provider']}, interleaved in one run"
+        f"settings: {result['threads']} thread(s), ort-level {levels} (a model's own ort_config "
+        f"wins), provider {result['provider']}, interleaved in one run"
     )

@@ -15,9 +15,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlflow.commands.common import add_model_arguments
+from rlflow.cost.deploy import DEPLOY_MODES
 from rlflow.errors import RlflowError
 from rlflow.optimize import DEFAULT_METHOD, SEARCH_METHODS, Method, SearchOptions
 from rlflow.search import COST_MODELS
+
+SAME_WITHIN = 0.02
+"""Speedups this close (relative) are reported as the same: the Runner times each ratio until
+its 95% interval is within 2%."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -84,6 +89,18 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "until every ratio to the original is known within 2%%)",
     )
     add_ort_arguments(parser)
+    parser.add_argument(
+        "--deploy",
+        choices=DEPLOY_MODES,
+        default="offline",
+        help="offline (default): OUT runs as written, onnxruntime's optimiser off, declared in "
+        "its ort_config; online: onnxruntime optimises OUT again when it loads it",
+    )
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="skip timing onnxruntime's own knobs on the original (the tuning peer)",
+    )
     parser.add_argument("-o", "--output", required=True, metavar="OUT", help="optimised .onnx")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
@@ -101,7 +118,7 @@ def optimize_to_file(
     from tqdm import tqdm
 
     from rlflow.commands.common import model_label, print_json, resolve_model
-    from rlflow.cost import OrtSettings
+    from rlflow.cost import Deployment, OrtSettings
     from rlflow.optimize import expansion_total, optimize
     from rlflow.search import default_runner
 
@@ -140,8 +157,10 @@ def optimize_to_file(
             label=label,
             settings=settings,
             options=options,
+            deploy=Deployment(args.deploy),
             runner=default_runner(settings, args.min_time),
             progress=bar,
+            peer=not args.no_peer,
         )
     result.write(args.output)
     summary = result.summary(
@@ -178,6 +197,19 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     cost_label = f"cost ({summary['cost_model']})"
     print(f"{cost_label:<14}{summary['original_cost']:>12.4g}{summary['optimized_cost']:>12.4g}")
     print(f"speedup {summary['speedup']:.3f}x ({_how_measured(summary)})")
+    if summary["peer_speedup"] is not None:
+        ratio = summary["speedup"] / summary["peer_speedup"]
+        verdict = (
+            "rlflow is level with it"
+            if abs(ratio - 1.0) <= SAME_WITHIN
+            else "rlflow beats it"
+            if ratio > 1.0
+            else "rlflow does not beat it"
+        )
+        print(
+            f"tuning peer: onnxruntime's best knob on the original, {summary['peer_knob']}, "
+            f"{summary['peer_speedup']:.3f}x: {verdict}"
+        )
     if summary["rules_applied"]:
         rules = ", ".join(f"{name} x{count}" for name, count in summary["rules_applied"].items())
         print(f"rules applied ({summary['steps']} steps): {rules}")
@@ -199,9 +231,18 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         f"{how}; wall {summary['wall_s']:.1f} s "
         f"(search {summary['search_s']:.1f} s, measure {summary['measure_s']:.1f} s)"
     )
+    if summary["deploy"] == "offline":
+        target = summary["target"] or {}
+        block = f", NCHWc block {target['nchwc_block']}" if target.get("nchwc_block") else ""
+        print(
+            f"deploy offline: OUT runs as written (ort_config: optimiser off), tuned for "
+            f"{summary['provider']}{block}; started from {summary['start_state']}"
+        )
+    else:
+        print("deploy online: onnxruntime optimises OUT again when it loads it (level all)")
     print(
-        f"settings: {summary['threads']} thread(s), ort-level {summary['ort_level']}, "
-        f"provider {summary['provider']}"
+        f"settings: {summary['threads']} thread(s), ort-level {summary['ort_level']} for the "
+        f"original, provider {summary['provider']}"
     )
     print(f"equivalent: yes, max abs error {summary['max_abs_err']:.2e}")
     if summary.get("output"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,6 +293,13 @@ class Graph:
         initializers = {k: v for k, v in self.initializers.items() if k in live}
         values = {k: v for k, v in self.values.items() if k in live}
         return self._derive(kept, initializers, values, self._parent_hashes)
+
+    def with_metadata(self, entries: Mapping[str, str]) -> Graph:
+        """This graph with `entries` added to its metadata (nodes and weights shared): e.g. the
+        runtime settings an optimised model declares."""
+        graph = self._derive(self.nodes, self.initializers, self.values, self._parent_hashes)
+        graph.metadata.update(entries)
+        return graph
 
     def _derive(self, nodes, initializers, values, parent_hashes) -> Graph:
         """A graph with this one's interface and metadata, sharing its weight digests."""

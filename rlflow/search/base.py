@@ -162,26 +162,34 @@ def finish(
     started: float,
     runner: Runner | None = None,
     progress: Progress = NO_PROGRESS,
+    reference: Graph | None = None,
 ) -> SearchResult:
-    """Measure the original and the board's graphs that cost no more than it, interleaved in
-    one run, and return the fastest as the result (the original if nothing beats it)."""
+    """Measure the search's start graph and the board's graphs that cost no more than it,
+    interleaved in one run, and return the fastest (the start graph if nothing beats it).
+
+    Speedups are against `reference` when given (in offline mode: the user's original under
+    onnxruntime's defaults, while the search began from a start state run as written), timed
+    in the same runs; else against the start graph itself.
+    """
     search_s = time.perf_counter() - started
     measure_started = time.perf_counter()
-    original = session.original
-    original_cost = cost(original)
-    original_hash = original.canonical_hash()
+    start = session.original
+    start_cost = cost(start)
+    start_hash = start.canonical_hash()
     contenders = [
         (graph_cost, candidate)
         for graph_cost, candidate in board.best()
-        if graph_cost <= original_cost and candidate.graph.canonical_hash() != original_hash
+        if graph_cost <= start_cost and candidate.graph.canonical_hash() != start_hash
     ]
     runner = runner or default_runner(cost.settings)
-    progress.set_postfix_str(f"timing {len(contenders) + 1} graphs end to end", refresh=True)
-    selection = runner.compare([original, *(candidate.graph for _, candidate in contenders)])
     unchanged = session.fork()
-    unchanged.graph, unchanged.actions = original, []
+    unchanged.graph, unchanged.actions = start, []
     sessions = [unchanged, *(candidate for _, candidate in contenders)]
-    costs = [original_cost, *(graph_cost for graph_cost, _ in contenders)]
+    costs = [start_cost, *(graph_cost for graph_cost, _ in contenders)]
+    lead = [] if reference is None else [reference]  # timed first: ratios are against it
+    progress.set_postfix_str(f"timing {len(sessions) + len(lead)} graphs end to end", refresh=True)
+    selection = runner.compare([*lead, *(member.graph for member in sessions)])
+    offset = len(lead)
     finalists = [
         Finalist(
             graph_hash=measurement.graph_hash,
@@ -191,33 +199,38 @@ def finish(
             steps=len(finalist.actions),
         )
         for measurement, ms, speedup, graph_cost, finalist in zip(
-            selection.measurements, selection.scaled_ms, selection.speedups, costs, sessions
+            selection.measurements[offset:],
+            selection.scaled_ms[offset:],
+            selection.speedups[offset:],
+            costs,
+            sessions,
         )
     ]
-    winner = selection.fastest()
+    winner = min(range(len(sessions)), key=lambda index: selection.ratios[offset + index])
     final, confirmed = selection, None
     if winner != 0:
-        progress.set_postfix_str("confirming the fastest against the original", refresh=True)
-        final = runner.compare([original, sessions[winner].graph], use_cache=False)
-        confirmed = final.speedups[1] > 1.0
+        progress.set_postfix_str("confirming the fastest against the start", refresh=True)
+        final = runner.compare([*lead, start, sessions[winner].graph], use_cache=False)
+        confirmed = final.ratios[offset + 1] < final.ratios[offset]
         sessions, costs = [sessions[0], sessions[winner]], [costs[0], costs[winner]]
         winner = 1 if confirmed else 0
     chosen, chosen_cost = sessions[winner], costs[winner]
-    reward = 100.0 * (original_cost - chosen_cost) / original_cost if original_cost else 0.0
-    measurement = final.measurements[winner]
+    reward = 100.0 * (start_cost - chosen_cost) / start_cost if start_cost else 0.0
+    measurement = final.measurements[offset + winner]
+    speedup = final.speedups[offset + winner] if reference is not None or winner else 1.0
     return SearchResult(
         method=method,
         model=session.model,
         graph=chosen.graph,
         state=chosen.state(reward=reward),
         cost=chosen_cost,
-        original_cost=original_cost,
+        original_cost=start_cost,
         cost_model=cost.name,
         expansions=expansions,
         evaluated=cost.evaluations,
         original_ms=final.scaled_ms[0],
-        optimized_ms=final.scaled_ms[winner],
-        speedup=1.0 if winner == 0 else final.speedups[winner],
+        optimized_ms=final.scaled_ms[offset + winner],
+        speedup=speedup,
         search_s=search_s,
         measure_s=time.perf_counter() - measure_started,
         threads=measurement.threads,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from rlflow.cost import Runner
+from rlflow.graph import Graph
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search.base import DEFAULT_TOP_K, NO_PROGRESS, Board, Progress, SearchResult, finish
 from rlflow.search.cost import SearchCost
@@ -22,6 +23,7 @@ def search(
     top_k: int = DEFAULT_TOP_K,
     runner: Runner | None = None,
     progress: Progress = NO_PROGRESS,
+    reference: Graph | None = None,
 ) -> SearchResult:
     """Greedy descent from the session's current graph.
 
@@ -32,6 +34,7 @@ def search(
         top_k: how many of the best graphs seen are measured end to end at the end.
         runner: times the finalists (default: `default_runner` under the cost's settings).
         progress: told of every expansion.
+        reference: what the speedups are measured against (default: the start graph).
     """
     started = time.perf_counter()
     cost.reset_count()
@@ -69,4 +72,5 @@ def search(
         started=started,
         runner=runner,
         progress=progress,
+        reference=reference,
     )

@@ -13,6 +13,7 @@ import numpy as np
 
 from rlflow.cost import Runner
 from rlflow.errors import RlflowError
+from rlflow.graph import Graph
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search.base import DEFAULT_TOP_K, NO_PROGRESS, Board, Progress, SearchResult, finish
 from rlflow.search.cost import SearchCost
@@ -31,6 +32,7 @@ def search(
     top_k: int = DEFAULT_TOP_K,
     runner: Runner | None = None,
     progress: Progress = NO_PROGRESS,
+    reference: Graph | None = None,
 ) -> SearchResult:
     """Random walks from the session's current graph.
 
@@ -43,6 +45,7 @@ def search(
         top_k: how many of the best graphs seen are measured end to end at the end.
         runner: times the finalists (default: `default_runner` under the cost's settings).
         progress: told of every step.
+        reference: what the speedups are measured against (default: the start graph).
     """
     if budget < 1 or walk_length < 1:
         raise RlflowError(f"budget and walk length must be at least 1, got {budget}, {walk_length}")
@@ -84,4 +87,5 @@ def search(
         started=started,
         runner=runner,
         progress=progress,
+        reference=reference,
     )

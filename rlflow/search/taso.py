@@ -18,6 +18,7 @@ import time
 
 from rlflow.cost import Runner
 from rlflow.errors import RlflowError
+from rlflow.graph import Graph
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search.base import DEFAULT_TOP_K, NO_PROGRESS, Board, Progress, SearchResult, finish
 from rlflow.search.cost import SearchCost
@@ -35,6 +36,7 @@ def search(
     top_k: int = DEFAULT_TOP_K,
     runner: Runner | None = None,
     progress: Progress = NO_PROGRESS,
+    reference: Graph | None = None,
 ) -> SearchResult:
     """Backtracking search from the session's current graph.
 
@@ -46,6 +48,7 @@ def search(
         top_k: how many of the best graphs seen are measured end to end at the end.
         runner: times the finalists (default: `default_runner` under the cost's settings).
         progress: told of every expansion.
+        reference: what the speedups are measured against (default: the start graph).
     """
     if alpha < 1.0:
         raise RlflowError(f"alpha must be at least 1.0, got {alpha}")
@@ -98,4 +101,5 @@ def search(
         started=started,
         runner=runner,
         progress=progress,
+        reference=reference,
     )

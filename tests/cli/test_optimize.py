@@ -8,11 +8,14 @@ import subprocess
 import sys
 import warnings
 
+import numpy
 import onnx
+import onnxruntime
 import pytest
 import torch
 from torch import nn
 
+import rlflow.runtime
 from rlflow.cli import main
 from rlflow.cost import check_equivalence
 from rlflow.graph import load_model
@@ -63,6 +66,49 @@ def test_zoo_model_with_the_default_method(tmp_path, capsys):
     report = check_equivalence(load_model(cached_path("resnet-18", "small")), written)
     assert report.equivalent, report.reason
     assert [path.name for path in out.parent.iterdir()] == [out.name]  # no temporary left
+
+
+def test_offline_result_declares_how_it_runs_and_is_shown_beside_the_tuning_peer(tmp_path, capsys):
+    """The default deployment: the written model declares ort_config (optimiser off) and its
+    target, runs as written equal to the original, and the speedup against the original under
+    onnxruntime's defaults is reported beside onnxruntime's best knob and every start state."""
+    out = tmp_path / "r18.onnx"
+    summary, _ = optimize_json(capsys, "resnet-18", "--budget", "4", "-o", str(out))
+    assert_contract(summary)
+    assert summary["deploy"] == "offline" and summary["ort_level"] == "all"
+    assert summary["result_ort_level"] == "disable"
+    assert summary["ort_config"] == {"session_options": {"graph_optimization_level": 0}}
+    assert summary["target"]["provider"] == "cpu"
+    assert {"original", "ort:all"} <= set(summary["start_speedups"])
+    assert summary["start_state"] in summary["start_speedups"]
+    assert summary["peer_speedup"] == max(summary["peer_speedups"].values()) > 0
+    assert summary["peer_speedups"]["all"] == 1.0
+
+    written = onnx.load(out)
+    metadata = {entry.key: entry.value for entry in written.metadata_props}
+    assert json.loads(metadata["ort_config"]) == summary["ort_config"]
+    assert json.loads(metadata["rlflow.target"]) == summary["target"]
+    feeds = {"image": numpy.random.default_rng(0).standard_normal((1, 3, 32, 32), "float32")}
+    session = rlflow.runtime.InferenceSession(out)
+    assert session.get_session_options().graph_optimization_level == (
+        onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    reference = onnxruntime.InferenceSession(
+        str(cached_path("resnet-18", "small")), providers=["CPUExecutionProvider"]
+    )
+    numpy.testing.assert_allclose(
+        session.run(None, feeds)[0], reference.run(None, feeds)[0], rtol=1e-3, atol=1e-4
+    )
+
+
+def test_online_result_declares_nothing(tmp_path, capsys):
+    out = tmp_path / "online.onnx"
+    args = ("resnet-18", "--budget", "4", "--deploy", "online", "--no-peer", "-o", str(out))
+    summary, _ = optimize_json(capsys, *args)
+    assert summary["deploy"] == "online" and summary["ort_config"] is None
+    assert summary["start_state"] == "original" and summary["peer_speedup"] is None
+    keys = {entry.key for entry in onnx.load(out).metadata_props}
+    assert "ort_config" not in keys and "rlflow.target" not in keys
 
 
 class ConvBlock(nn.Module):

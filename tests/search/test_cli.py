@@ -37,8 +37,9 @@ def rlflow(*args: str) -> subprocess.CompletedProcess:
 def test_search_json_contract_and_output(tmp_path):
     out = tmp_path / "opt" / "resnet18.onnx"
     result = rlflow(
-        "search", "resnet-18", "--method", "taso", "--budget", "10", "-o", str(out), "--json"
-    )
+        "search", "resnet-18", "--method", "taso", "--budget", "10", "--deploy", "online",
+        "-o", str(out), "--json",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     missing = [key for key in CONTRACT if key not in summary]

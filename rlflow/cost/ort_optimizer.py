@@ -1,0 +1,178 @@
+"""onnxruntime's own optimiser, used as a tool: its graphs are start states, its knobs a peer.
+
+- `optimized_graph(model, settings)`: what onnxruntime makes of a model at a level (some passes
+  possibly switched off), saved as in its offline mode and loaded into the IR, declared to run
+  as written. rlflow's searches start from these, so they begin where onnxruntime ends.
+- `changed_passes(model, settings)`: the graph transformers that changed the model, read from
+  onnxruntime's own log ("GraphTransformer X modified: 1"); guessing them from a list of names
+  would go stale with every onnxruntime release.
+- `ort_knobs(model, base)`: onnxruntime's tuning knobs worth trying on a model, every level and
+  `all` with each pass that changed it switched off in turn: what a flag search gives a user
+  without rlflow, the *tuning peer* every result is shown beside.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnxruntime as ort
+
+from rlflow.cost.deploy import Deployment
+from rlflow.cost.runner import Runner
+from rlflow.cost.session import ORT_LEVELS, PROVIDERS, OrtSettings
+from rlflow.cost.source import ModelLike, ModelSource
+from rlflow.errors import RlflowError, first_line
+from rlflow.graph import Graph, load_model
+
+_MODIFIED = re.compile(r"GraphTransformer (\S+) modified: 1")
+_STDERR_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class StartState:
+    """A graph a search may start from: the original as written, or one of onnxruntime's."""
+
+    name: str
+    """original | ort:LEVEL | ort:all-PASS."""
+    graph: Graph
+    settings: OrtSettings | None
+    """The onnxruntime knob that made it (None for the original)."""
+
+
+def _session_options(settings: OrtSettings, log: bool) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ORT_LEVELS[settings.ort_level]
+    options.log_severity_level = 1 if log else 4
+    return options
+
+
+def _build(model_bytes: bytes, settings: OrtSettings, options: ort.SessionOptions) -> None:
+    settings = settings.resolved()
+    providers = [PROVIDERS[settings.provider]]
+    if settings.provider != "cpu":
+        providers.append(PROVIDERS["cpu"])
+    try:
+        ort.InferenceSession(
+            model_bytes, options, providers=providers, disabled_optimizers=list(settings.disabled)
+        )
+    except Exception as error:  # onnxruntime raises several types for a bad model
+        raise RlflowError(f"onnxruntime cannot optimise the model: {first_line(error)}") from None
+
+
+@contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Send file descriptor 2 (where onnxruntime's C++ logger writes) to `path` meanwhile."""
+    with _STDERR_LOCK, open(path, "wb") as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def changed_passes(model: ModelLike, settings: OrtSettings) -> list[str]:
+    """The onnxruntime graph transformers that changed `model` under `settings`, in the order
+    they first did."""
+    model_bytes = ModelSource(model).model_bytes()
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "ort.log"
+        with _stderr_to(log):
+            _build(model_bytes, settings, _session_options(settings, log=True))
+        text = log.read_text(encoding="utf-8", errors="replace")
+    return list(dict.fromkeys(_MODIFIED.findall(text)))
+
+
+def optimized_graph(model: ModelLike, settings: OrtSettings) -> Graph:
+    """What onnxruntime makes of `model` under `settings`, saved in its offline mode and loaded
+    into the IR, declared (ort_config, target) to run as written."""
+    source = ModelSource(model)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "optimized.onnx"
+        options = _session_options(settings, log=False)
+        options.optimized_model_filepath = str(path)
+        _build(source.model_bytes(), settings, options)
+        graph = load_model(path)
+    domains = {node.domain for node in graph.nodes}
+    declared = Deployment("offline").metadata(settings.resolved().provider, domains)
+    return graph.with_metadata({**source.metadata, **declared})
+
+
+def ort_knobs(model: ModelLike, base: OrtSettings) -> list[OrtSettings]:
+    """onnxruntime's knobs worth trying on `model`: every level below `all`, then `all` with
+    each pass that changed the model switched off in turn (`all` itself, the default, is the
+    reference they are compared with, and not listed)."""
+    levels = [replace(base, ort_level=level, disabled=()) for level in ORT_LEVELS if level != "all"]
+    at_all = replace(base, ort_level="all", disabled=())
+    passes = changed_passes(model, at_all)
+    return [*levels, *(replace(at_all, disabled=(name,)) for name in passes)]
+
+
+def start_states(model: Graph, base: OrtSettings) -> list[StartState]:
+    """The original as written, and onnxruntime's graph of it under each of `ort_knobs` that
+    changes it and at `all`, one per distinct graph (first name kept)."""
+    domains = {node.domain for node in model.nodes}
+    original = model.with_metadata(
+        Deployment("offline").metadata(base.resolved().provider, domains)
+    )
+    states = [StartState("original", original, None)]
+    seen = {original.canonical_hash()}
+    knobs = [replace(base, ort_level="all", disabled=()), *ort_knobs(model, base)]
+    for knob in knobs:
+        if knob.ort_level == "disable":
+            continue  # the original as written
+        graph = optimized_graph(model, knob)
+        digest = graph.canonical_hash()
+        if digest not in seen:
+            seen.add(digest)
+            states.append(StartState(f"ort:{knob.label}", graph, knob))
+    return states
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The best of onnxruntime's own knobs on a model: what a flag search gives without rlflow.
+
+    `speedups` maps each knob's label to its speedup over the reference (the model under the
+    Runner's settings, onnxruntime's defaults), all timed interleaved in one run."""
+
+    knob: str
+    speedup: float
+    speedups: dict[str, float]
+
+
+def tuning_peer(model: ModelLike, runner: Runner) -> Peer:
+    """Time `model` under each of `ort_knobs` against itself under the Runner's settings, in
+    one interleaved run; the best knob (the reference itself when none beats it)."""
+    base = runner.settings
+    knobs = ort_knobs(model, base)
+    comparison = runner.compare([model] * (len(knobs) + 1), settings=[base, *knobs])
+    speedups = {base.label: 1.0}
+    speedups.update(
+        (knob.label, speedup) for knob, speedup in zip(knobs, comparison.speedups[1:], strict=True)
+    )
+    best = max(speedups, key=speedups.__getitem__)
+    return Peer(best, speedups[best], speedups)
+
+
+__all__ = [
+    "Peer",
+    "StartState",
+    "changed_passes",
+    "optimized_graph",
+    "ort_knobs",
+    "start_states",
+    "tuning_peer",
+]
