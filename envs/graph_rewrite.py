@@ -17,7 +17,16 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rlflow.cost import AnalyticCostModel, OrtSettings, PerOpCostModel, Runner
+from rlflow.cost import (
+    ORT_CONFIG_KEY,
+    TARGET_KEY,
+    AnalyticCostModel,
+    Deployment,
+    OrtSettings,
+    PerOpCostModel,
+    Runner,
+)
+from rlflow.cost.ort_optimizer import start_state
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph, load_model
 from rlflow.nn.features import (
@@ -115,10 +124,10 @@ class GraphRewriteEnv(gym.Env):
       change since then. The reward of a measured step corrects the accumulated estimate, so
       the return is 100 (C_0 - C_T) / C_0 in measured terms.
 
-    Measurements are made under one `Runner` (1 thread, `ort_level`) and cached by graph
-    hash: `info["real_measurements"]` counts the graphs actually timed (onnxruntime sessions
-    built; the original's counts too) since the env was made (the world-model work counts
-    those and the real env steps).
+    Measurements are made under one `Runner` (1 thread; `ort_level` online, the optimiser
+    off offline) and cached by graph hash: `info["real_measurements"]` counts the graphs
+    actually timed (onnxruntime sessions built; the original's counts too) since the env was
+    made (the world-model work counts those and the real env steps).
 
     ## Starting State
 
@@ -139,11 +148,19 @@ class GraphRewriteEnv(gym.Env):
 
     - `models`: zoo names (`rlflow.zoo.MODEL_NAMES`, exported at `size`), paths to .onnx
       files, or Graph objects; default `["squeezenet-1.1"]`.
-    - `size`: zoo model size, "small" (default) or "full".
+    - `size`: zoo model size, "small" (default), "medium" or "full".
     - `cost`: "analytic" (default), "perop", "e2e" or "e2e-sparse" (see Rewards).
     - `measure_every`: steps between end-to-end measurements for "e2e-sparse" (default 10).
-    - `ort_level`: onnxruntime optimisation level of measurements, "all" (default) or
-      "disable" (see DESIGN.md, "Two backend settings").
+    - `deploy`: "online" (default: graphs are measured under `ort_level`, onnxruntime's
+      optimiser running over them) or "offline" (graphs run as written, optimiser off, as
+      `rlflow optimize` hands them back: measurements and the per-op cost are then faithful
+      to every rewrite; docs/ARCHITECTURE.md, "What rlflow hands back").
+    - `ort_level`: onnxruntime optimisation level of measurements online, "all" (default) or
+      another of `rlflow.cost.ORT_LEVELS`.
+    - `start`: where episodes begin: "original" (default: the model as given) or one of
+      onnxruntime's optimised graphs of it, "ort:all", "ort:extended", ...,
+      "ort:all-SkipLayerNormFusion" (`rlflow.cost.ort_optimizer.start_state`), so that an
+      agent begins where onnxruntime ends.
     - `ruleset`: the rules; default `default_ruleset(portable=portable)`.
     - `portable`: with the default rules, only those emitting standard ONNX (default False).
     - `max_nodes`, `max_edges`, `max_candidates`, `max_site_nodes`: the padded sizes (512,
@@ -166,6 +183,8 @@ class GraphRewriteEnv(gym.Env):
         cost: str = "analytic",
         measure_every: int = 10,
         ort_level: str = "all",
+        deploy: str = "online",
+        start: str = "original",
         ruleset: RuleSet | None = None,
         portable: bool = False,
         max_nodes: int = 512,
@@ -198,6 +217,8 @@ class GraphRewriteEnv(gym.Env):
         self.cost = cost
         self.measure_every = measure_every
         self.ort_level = ort_level
+        self.deployment = Deployment(deploy)
+        self.start = start
         self.ruleset = ruleset if ruleset is not None else _default_rules(portable)
         self.rule_names: list[str] = self.ruleset.names
         self._rule_ids = {name: index for index, name in enumerate(self.rule_names)}
@@ -209,6 +230,10 @@ class GraphRewriteEnv(gym.Env):
 
         self.analytic = AnalyticCostModel()
         settings = OrtSettings(threads=1, ort_level=ort_level)
+        if self.deployment.mode == "offline":
+            settings = self.deployment.settings(settings)
+        self.settings = settings
+        """The onnxruntime settings measurements run under (offline: the optimiser off)."""
         needs_runner = cost in ("e2e", "e2e-sparse")
         if runner is None and needs_runner:
             # A reward is measured on every (e2e) or every Nth (e2e-sparse) step: a fixed half
@@ -249,7 +274,6 @@ class GraphRewriteEnv(gym.Env):
 
         # Per model, loaded on first use: the graph and a root session whose candidate cache
         # keeps the original graph's candidates from one episode to the next.
-        self._graphs: dict[int, Graph] = {}
         self._roots: dict[int, RewriteSession] = {}
         self._analytic_ms: dict[str, float] = {}
         self._measured_ms: dict[str, float] = {}
@@ -427,6 +451,10 @@ class GraphRewriteEnv(gym.Env):
             graph = model
         else:
             graph = load_model(_model_path(model, self.size))
+        if self.start != "original" or self.deployment.mode == "offline":
+            graph = start_state(graph, self.start, self.settings).graph
+            if self.deployment.mode == "online":  # measured as onnxruntime would load it
+                graph = graph.without_metadata((ORT_CONFIG_KEY, TARGET_KEY))
         label = self.model_label(index)
         if len(graph) > self.max_nodes:
             raise RlflowError(
@@ -439,7 +467,6 @@ class GraphRewriteEnv(gym.Env):
                 f"model {label} has {edges} edges, more than max_edges={self.max_edges}; "
                 f"raise max_edges to at least {edges}"
             )
-        self._graphs[index] = graph
         return graph
 
     # ---- candidates -------------------------------------------------------------------------

@@ -110,6 +110,28 @@ def optimized_graph(model: ModelLike, settings: OrtSettings) -> Graph:
     return graph.with_metadata({**source.metadata, **declared})
 
 
+def knob_of(name: str, base: OrtSettings) -> OrtSettings:
+    """The knob a start state's name stands for: `ort:all-SkipLayerNormFusion` -> `base` at
+    level all with that pass off; RlflowError for a name that is not `ort:LEVEL[-PASS...]`."""
+    level, *disabled = name.removeprefix("ort:").split("-")
+    if not name.startswith("ort:") or level not in ORT_LEVELS or level == "disable":
+        levels = ", ".join(f"ort:{level}" for level in ORT_LEVELS if level != "disable")
+        raise RlflowError(
+            f"unknown start state {name!r}: original, or one of {levels}, or ort:all-PASS"
+        )
+    return replace(base, ort_level=level, disabled=tuple(disabled))
+
+
+def start_state(model: Graph, name: str, base: OrtSettings) -> StartState:
+    """One start state by name: `original` (as written, declared offline) or `ort:...`."""
+    if name == "original":
+        domains = {node.domain for node in model.nodes}
+        declared = Deployment("offline").metadata(base.resolved().provider, domains)
+        return StartState("original", model.with_metadata(declared), None)
+    knob = knob_of(name, base)
+    return StartState(name, optimized_graph(model, knob), knob)
+
+
 def ort_knobs(model: ModelLike, base: OrtSettings) -> list[OrtSettings]:
     """onnxruntime's knobs worth trying on `model`: every level below `all`, then `all` with
     each pass that changed the model switched off in turn (`all` itself, the default, is the
@@ -123,12 +145,8 @@ def ort_knobs(model: ModelLike, base: OrtSettings) -> list[OrtSettings]:
 def start_states(model: Graph, base: OrtSettings) -> list[StartState]:
     """The original as written, and onnxruntime's graph of it under each of `ort_knobs` that
     changes it and at `all`, one per distinct graph (first name kept)."""
-    domains = {node.domain for node in model.nodes}
-    original = model.with_metadata(
-        Deployment("offline").metadata(base.resolved().provider, domains)
-    )
-    states = [StartState("original", original, None)]
-    seen = {original.canonical_hash()}
+    states = [start_state(model, "original", base)]
+    seen = {states[0].graph.canonical_hash()}
     knobs = [replace(base, ort_level="all", disabled=()), *ort_knobs(model, base)]
     for knob in knobs:
         if knob.ort_level == "disable":
@@ -171,6 +189,8 @@ __all__ = [
     "Peer",
     "StartState",
     "changed_passes",
+    "knob_of",
+    "start_state",
     "optimized_graph",
     "ort_knobs",
     "start_states",

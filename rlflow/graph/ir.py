@@ -301,6 +301,13 @@ class Graph:
         graph.metadata.update(entries)
         return graph
 
+    def without_metadata(self, keys: Iterable[str]) -> Graph:
+        """This graph without the metadata entries `keys` (nodes and weights shared)."""
+        graph = self._derive(self.nodes, self.initializers, self.values, self._parent_hashes)
+        for key in keys:
+            graph.metadata.pop(key, None)
+        return graph
+
     def _derive(self, nodes, initializers, values, parent_hashes) -> Graph:
         """A graph with this one's interface and metadata, sharing its weight digests."""
         return Graph(
