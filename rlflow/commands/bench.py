@@ -55,7 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ort-levels", metavar="LEVELS", help="comma-separated ORT levels (default all,disable)"
     )
-    parser.add_argument("--size", choices=("small", "full"), help="zoo model size (default small)")
+    parser.add_argument(
+        "--size", choices=("small", "medium", "full"), help="zoo model size (default small)"
+    )
     parser.add_argument("--budget", type=int, help="search expansions (default: the method's)")
     parser.add_argument(
         "--cost",
@@ -127,8 +129,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     for level in options["ort_levels"]:
         if level not in ORT_LEVELS:
             raise RlflowError(f"unknown ORT level {level!r}; choose from {', '.join(ORT_LEVELS)}")
-    if options["size"] not in ("small", "full"):
-        raise RlflowError(f"size must be small or full, got {options['size']!r}")
+    if options["size"] not in ("small", "medium", "full"):
+        raise RlflowError(f"size must be small, medium or full, got {options['size']!r}")
     if options["min_time"] is not None and options["min_time"] < 0:
         raise RlflowError(f"--min-time must be at least 0, got {options['min_time']}")
     options["methods"] = [Method.parse(method) for method in options["methods"]]

@@ -29,7 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
-    parser.add_argument("--size", choices=("small", "full"), help="zoo model size (small)")
+    parser.add_argument(
+        "--size", choices=("small", "medium", "full"), help="zoo model size (small)"
+    )
     parser.add_argument(
         "--cost", choices=("analytic", "perop", "e2e", "e2e-sparse"), help="env reward cost"
     )

@@ -24,7 +24,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, nargs: str | None = Non
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--size", choices=("small", "full"), default="small", help="zoo model size (default small)"
+        "--size",
+        choices=("small", "medium", "full"),
+        default="small",
+        help="zoo model size (default small)",
     )
     parser.add_argument(
         "--input-shape",

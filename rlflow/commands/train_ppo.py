@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--config", metavar="FILE", help="YAML hyperparameters (e.g. configs/ppo.yaml)"
     )
-    parser.add_argument("--size", choices=("small", "full"), help="zoo model size")
+    parser.add_argument("--size", choices=("small", "medium", "full"), help="zoo model size")
     parser.add_argument(
         "--cost", choices=("analytic", "perop", "e2e", "e2e-sparse"), help="reward cost source"
     )

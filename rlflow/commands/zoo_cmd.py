@@ -1,4 +1,4 @@
-"""`rlflow zoo list | zoo export NAME -o FILE [--size small|full]`."""
+"""`rlflow zoo list | zoo export NAME -o FILE [--size small|medium|full]`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     export = actions.add_parser("export", help="export a zoo model to an ONNX file")
     export.add_argument("name", metavar="NAME")
     export.add_argument("-o", "--output", required=True, metavar="FILE")
-    export.add_argument("--size", choices=("small", "full"), default="small")
+    export.add_argument("--size", choices=("small", "medium", "full"), default="small")
     parser.set_defaults(run=run)
 
 

@@ -1,5 +1,11 @@
 """The benchmark models of X-RLflow / RLFlow, built in our own code and exported to ONNX.
 
+Three sizes (``SIZES``): ``small`` (the same architectures shrunk for tests, ~0.1 ms a run, too
+little for a rewrite to change latency measurably), ``medium`` (a few ms a run at 1 onnxruntime
+thread: the transformers narrower and shallower at the full sequence lengths, the CNNs the full
+networks at half the input side; dims and rough latencies in ``transformers`` and ``cnns``) and
+``full`` (the papers' sizes, 3-85 ms a run on this project's CPU, bert the slowest).
+
 ``export(name, size, path)`` builds a model with fixed-seed random weights and writes it;
 ``cached_path(name, size)`` keeps one export per model, size and ``ZOO_VERSION`` under
 ``$RLFLOW_CACHE_DIR/zoo`` (default ``~/.cache/rlflow/zoo``).
@@ -59,47 +65,57 @@ ZOO_VERSION = 1
 carry it in their name, so old exports are simply not found again."""
 
 OPSET = 18
-SIZES: tuple[str, ...] = ("small", "full")
+SIZES: tuple[str, ...] = ("small", "medium", "full")
 
-# name -> (one-line description with the full dims, builder)
-_MODELS: dict[str, tuple[str, Callable[[str], Benchmark]]] = {
+# name -> (one-line description with the full dims, the medium dims, builder). The full line
+# is also written into every export's doc_string.
+_MODELS: dict[str, tuple[str, str, Callable[[str], Benchmark]]] = {
     "bert": (
         "BERT encoder: seq 64, hidden 1024, 8 post-LN layers, 16 heads, FF 4096, vocab 30522",
+        "hidden 256, 4 layers, 4 heads, FF 1024, vocab 8192 (rough: 3 ms a run)",
         transformers.build_bert,
     ),
     "vit-base": (
         "ViT-Base: 1x3x128x128 image, 64 patches of 16, hidden 768, 12 layers, 12 heads, "
         "MLP 3072, 1000 classes",
+        "hidden 256, 4 layers, 4 heads, MLP 1024 (rough: 3 ms a run)",
         transformers.build_vit,
     ),
     "mini-dalle": (
         "mini-DALL-E decoder: seq 16, hidden 768, 8 causal layers, 12 heads, GEGLU 2048, "
         "vocab 16384",
+        "hidden 384, 4 layers, 6 heads, GEGLU 1024, vocab 4096 (rough: 3 ms a run)",
         transformers.build_mini_dalle,
     ),
     "transformer-transducer": (
         "Transformer-Transducer: 80 frames x 80 features, d 512, 8 heads, FF 2048, 12 audio + "
         "2 label layers, 16 labels, vocab 256, joint logits 1x80x16x256",
+        "d 256, 4 heads, FF 1024, 4 audio + 2 label layers (rough: 5 ms a run)",
         transformers.build_transformer_transducer,
     ),
     "inception-v3": (
         "Inception-v3: 1x3x299x299, modules A x3, B, C x4, D, E x2, 1000 classes",
+        "1x3x149x149 (rough: 14 ms a run)",
         cnns.build_inception_v3,
     ),
     "resnext-50": (
         "ResNeXt-50 32x4d: 1x3x224x224, bottlenecks [3, 4, 6, 3], 32 groups, 1000 classes",
+        "1x3x112x112 (rough: 14 ms a run)",
         cnns.build_resnext_50,
     ),
     "squeezenet-1.1": (
         "SqueezeNet 1.1: 1x3x224x224, 8 Fire modules, no BatchNorm, 1000 classes",
+        "1x3x224x224, the full network (rough: 3 ms a run)",
         cnns.build_squeezenet_1_1,
     ),
     "resnet-18": (
         "ResNet-18: 1x3x224x224, basic blocks [2, 2, 2, 2], 1000 classes",
+        "1x3x112x112 (rough: 6 ms a run)",
         cnns.build_resnet_18,
     ),
     "resnet-50": (
         "ResNet-50: 1x3x224x224, bottlenecks [3, 4, 6, 3], 1000 classes",
+        "1x3x112x112 (rough: 12 ms a run)",
         cnns.build_resnet_50,
     ),
 }
@@ -115,9 +131,11 @@ def _check(name: str, size: str = "small") -> None:
 
 
 def describe(name: str) -> str:
-    """One line: what the model is, at its full (paper) size."""
+    """One line: what the model is at its full (paper) size, then its medium dims and rough
+    latency (1 onnxruntime thread on this project's CPU; see ``transformers`` and ``cnns``)."""
     _check(name)
-    return _MODELS[name][0]
+    full, medium, _ = _MODELS[name]
+    return f"{full}; medium: {medium}"
 
 
 def build(name: str, size: str) -> Benchmark:
@@ -125,7 +143,7 @@ def build(name: str, size: str) -> Benchmark:
     _check(name, size)
     # A seed per name (not per position in the table) keeps weights stable if models are added.
     torch.manual_seed(zlib.crc32(name.encode()))
-    return _MODELS[name][1](size)
+    return _MODELS[name][2](size)
 
 
 def to_onnx(name: str, size: str) -> onnx.ModelProto:
@@ -154,7 +172,7 @@ def to_onnx(name: str, size: str) -> onnx.ModelProto:
     for input_name, (low, high) in benchmark.int_ranges.items():
         props[f"rlflow.int_range.{input_name}"] = f"{low},{high}"
     onnx.helper.set_model_props(model, props)
-    model.doc_string = f"rlflow zoo {name} ({size}); full size: {describe(name)}"
+    model.doc_string = f"rlflow zoo {name} ({size}); full size: {_MODELS[name][0]}"
     return model
 
 
@@ -174,7 +192,7 @@ def _lift_constants(graph: onnx.GraphProto) -> None:
 
 
 def export(name: str, size: str, path: str | Path) -> Path:
-    """Export zoo model ``name`` at ``size`` ("small" or "full") to ``path``, atomically."""
+    """Export zoo model ``name`` at ``size`` (one of ``SIZES``) to ``path``, atomically."""
     _check(name, size)
     path = Path(path)
     model = to_onnx(name, size)

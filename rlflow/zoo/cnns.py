@@ -11,6 +11,33 @@
 
 A ``width`` divisor and per-stage repeat counts give the small test versions of the same
 architectures.
+
+Medium is the full network (every block, every channel, the same weights' shapes) at half the
+input side: 1x3x112x112 for the ResNets and ResNeXt, 1x3x149x149 for Inception-v3, so a quarter
+of the pixels and about a quarter of the conv FLOPs; only spatial sizes differ from full. SqueezeNet
+1.1 is the exception: at 112 it runs in ~0.7 ms, too little for rewrites to show, while the
+paper's 224 input already runs in ~3 ms, so its medium is the full network at 224 (the same graph
+as full, exported under the medium name).
+
+Why: one onnxruntime run (1 thread, ORT_ENABLE_ALL) should take a few ms, so that an adaptive
+per-graph measurement of 1-30 s holds hundreds to thousands of runs, while per-operator work
+(BatchNorm, ReLU, Add, Concat) still shows. Halving the side keeps every convolution's weights
+and channel counts, so rewrites see the same operators as at full size. Rough latencies, single
+process on this project's CPU (AMD EPYC, 2 shared cores, 1 thread), 2026-11-23, load average ~3
+from other users; fastest (median) of 30 interleaved runs, and ORT_DISABLE_ALL at medium:
+
+==============  =======  =============  =======  ================
+model           small    medium         full     medium, disabled
+==============  =======  =============  =======  ================
+Inception-v3    0.11 ms  13.5 (18) ms   53 ms    17.6 ms
+ResNeXt-50      0.05 ms  14.2 (23) ms   44 ms    17.2 ms
+SqueezeNet 1.1  0.03 ms  3.6 (5.5) ms   3.3 ms   4.9 ms
+ResNet-18       0.03 ms  6.1 (10) ms    17 ms    7.6 ms
+ResNet-50       0.04 ms  12.6 (20) ms   38 ms    15.2 ms
+==============  =======  =============  =======  ================
+
+(full: fastest of 8 runs.) onnxruntime's own rewrites (BatchNorm folding, Conv+ReLU fusion)
+change medium latency by 20-35%, so graph rewrites at this size are measurable.
 """
 
 from __future__ import annotations
@@ -386,7 +413,12 @@ def _take(sizes: Sequence[int], count: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- builders
 # Small versions keep every kind of block but one block per stage, 1/8 of the channels and
-# 32x32 images (75x75 for Inception, the smallest its stem and reductions accept).
+# 32x32 images (75x75 for Inception, the smallest its stem and reductions accept). Medium and
+# full build the same network and differ only in the input side (see the module docstring).
+
+_IMAGE = {"full": 224, "medium": 112}
+_INCEPTION_IMAGE = {"full": 299, "medium": 149}
+_SQUEEZENET_IMAGE = {"full": 224, "medium": 224}
 
 
 def _benchmark(module: nn.Module, image: int) -> Benchmark:
@@ -396,31 +428,32 @@ def _benchmark(module: nn.Module, image: int) -> Benchmark:
 
 
 def build_inception_v3(size: str) -> Benchmark:
-    if size == "full":
-        return _benchmark(InceptionV3(), 299)
+    if size in _INCEPTION_IMAGE:
+        return _benchmark(InceptionV3(), _INCEPTION_IMAGE[size])
     return _benchmark(InceptionV3(width=8, repeats=(1, 1, 1), classes=10), 75)
 
 
 def build_resnext_50(size: str) -> Benchmark:
-    if size == "full":
-        return _benchmark(ResNet(Bottleneck, (3, 4, 6, 3), groups=32, group_width=4), 224)
+    if size in _IMAGE:
+        resnext = ResNet(Bottleneck, (3, 4, 6, 3), groups=32, group_width=4)
+        return _benchmark(resnext, _IMAGE[size])
     small = ResNet(Bottleneck, (1, 1, 1, 1), (8, 16, 32, 64), groups=4, group_width=4, classes=10)
     return _benchmark(small, 32)
 
 
 def build_squeezenet_1_1(size: str) -> Benchmark:
-    if size == "full":
-        return _benchmark(SqueezeNet(), 224)
+    if size in _SQUEEZENET_IMAGE:
+        return _benchmark(SqueezeNet(), _SQUEEZENET_IMAGE[size])
     return _benchmark(SqueezeNet(width=8, classes=10), 32)
 
 
 def build_resnet_18(size: str) -> Benchmark:
-    if size == "full":
-        return _benchmark(ResNet(BasicBlock, (2, 2, 2, 2)), 224)
+    if size in _IMAGE:
+        return _benchmark(ResNet(BasicBlock, (2, 2, 2, 2)), _IMAGE[size])
     return _benchmark(ResNet(BasicBlock, (1, 1, 1, 1), (8, 16, 32, 64), classes=10), 32)
 
 
 def build_resnet_50(size: str) -> Benchmark:
-    if size == "full":
-        return _benchmark(ResNet(Bottleneck, (3, 4, 6, 3)), 224)
+    if size in _IMAGE:
+        return _benchmark(ResNet(Bottleneck, (3, 4, 6, 3)), _IMAGE[size])
     return _benchmark(ResNet(Bottleneck, (1, 1, 1, 1), (8, 16, 32, 64), classes=10), 32)

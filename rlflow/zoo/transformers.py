@@ -13,6 +13,37 @@ the papers leave a detail open (norm placement, activation), the original model'
   12 audio-encoder layers + 2 causal label-encoder layers over U=16 labels (vocab 256),
   joint network tanh(W_a a_t + W_l l_u) -> vocab, giving logits (1, 80, 16, 256).
 
+Medium sizes keep every sequence length (so every attention and reshape shape pattern) and every
+layer type of full, with the papers' head width of 64, feed-forward ratio and norm placement, and
+shrink width, depth and vocabulary:
+
+- BERT: seq 64, hidden 256, 4 layers, 4 heads, FF 1024, vocab 8192.
+- ViT: 64 patches (1x3x128x128, patch 16), hidden 256, 4 layers, 4 heads, MLP 1024, 1000 classes.
+- mini-DALL-E: seq 16, hidden 384, 4 layers, 6 heads, GEGLU 1024, vocab 4096 (with 16 tokens a
+  layer does little work: hidden 256 ran in ~1.2 ms, under the few ms aimed at).
+- Transformer-Transducer: 80 frames x 80 features, d 256, 4 heads, FF 1024, 4 audio + 2 label
+  layers, 16 labels, vocab 256, logits (1, 80, 16, 256).
+
+Why: one onnxruntime run (1 thread, ORT_ENABLE_ALL) should take a few ms, so that an adaptive
+per-graph measurement of 1-30 s holds hundreds to thousands of runs, while the element-wise work
+that fusions remove (its share of a layer is about 1/hidden) stays larger than at full size.
+Rough latencies, single process on this project's CPU (AMD EPYC, 2 shared cores, 1 thread),
+2026-11-23, load average ~3 from other users; fastest (median) of 30 interleaved runs:
+
+=========================  =======  =============  ===========
+model                      small    medium         full
+=========================  =======  =============  ===========
+BERT                       0.05 ms  3.4 (3.6) ms   83 ms
+ViT                        0.05 ms  3.1 (3.4) ms   66 ms
+mini-DALL-E                0.04 ms  3.2 (3.6) ms   23 ms
+Transformer-Transducer     0.06 ms  5.0 (8.4) ms   39 ms
+=========================  =======  =============  ===========
+
+(full: fastest of 8 runs.) At medium, onnxruntime's own fusions are measurable: on BERT its
+SkipLayerNormalization fusion alone makes a run ~17% slower (2.7 ms without it, 3.2 ms with it;
+ORT_DISABLE_ALL 2.9 ms against ORT_ENABLE_ALL 3.4 ms), on the other three each fusion moves
+latency by 1-3%.
+
 Attention is written out (MatMul, Softmax, Reshape, Transpose) rather than through
 ``scaled_dot_product_attention`` so that the exported graphs expose the operators that the
 rewrite rules of the papers act on. Every reshape uses sizes known at build time, so the
@@ -232,13 +263,15 @@ class TransformerTransducer(nn.Module):
 
 
 # ----------------------------------------------------------------------------- builders
-# Each builder takes a size ("full": the papers' dimensions, "small": the same architecture
-# shrunk for tests) and returns the module with example inputs; the caller seeds torch first.
+# Each builder takes a size ("full": the papers' dimensions, "medium": the same architecture at a
+# few ms per run (see the module docstring), "small": shrunk for tests) and returns the module with
+# example inputs; the caller seeds torch first.
 
 
 def build_bert(size: str) -> Benchmark:
     dims, vocab = {
         "full": (TransformerDims(seq=64, hidden=1024, layers=8, heads=16, ff=4096), 30522),
+        "medium": (TransformerDims(seq=64, hidden=256, layers=4, heads=4, ff=1024), 8192),
         "small": (TransformerDims(seq=16, hidden=32, layers=2, heads=4, ff=64), 512),
     }[size]
     module = Bert(dims, vocab)
@@ -253,6 +286,7 @@ def build_vit(size: str) -> Benchmark:
     # seq counts patches: (image / patch) ** 2.
     dims, image, patch, classes = {
         "full": (TransformerDims(seq=64, hidden=768, layers=12, heads=12, ff=3072), 128, 16, 1000),
+        "medium": (TransformerDims(seq=64, hidden=256, layers=4, heads=4, ff=1024), 128, 16, 1000),
         "small": (TransformerDims(seq=16, hidden=32, layers=2, heads=4, ff=64), 32, 8, 10),
     }[size]
     module = VisionTransformer(dims, patch, classes)
@@ -263,6 +297,7 @@ def build_vit(size: str) -> Benchmark:
 def build_mini_dalle(size: str) -> Benchmark:
     dims, vocab = {
         "full": (TransformerDims(seq=16, hidden=768, layers=8, heads=12, ff=2048), 16384),
+        "medium": (TransformerDims(seq=16, hidden=384, layers=4, heads=6, ff=1024), 4096),
         "small": (TransformerDims(seq=8, hidden=32, layers=2, heads=4, ff=64), 512),
     }[size]
     module = MiniDalle(dims, vocab)
@@ -276,6 +311,12 @@ def build_transformer_transducer(size: str) -> Benchmark:
         "full": (
             TransformerDims(seq=80, hidden=512, layers=12, heads=8, ff=2048),
             TransformerDims(seq=16, hidden=512, layers=2, heads=8, ff=2048),
+            80,
+            256,
+        ),
+        "medium": (
+            TransformerDims(seq=80, hidden=256, layers=4, heads=4, ff=1024),
+            TransformerDims(seq=16, hidden=256, layers=2, heads=4, ff=1024),
             80,
             256,
         ),

@@ -1,8 +1,11 @@
 """Tests for the model zoo: every model exports to a valid, static, runnable, deterministic ONNX
-graph; the cache is reused; bad names fail with a one-line RlflowError."""
+graph; the cache is reused; bad names fail with a one-line RlflowError; the medium size keeps the
+full architecture's operators and every `--size` option of the CLI accepts every size."""
 
 from __future__ import annotations
 
+import argparse
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +14,11 @@ import onnxruntime as ort
 import pytest
 
 import rlflow.fileio
+from rlflow.cli import build_parser, main
+from rlflow.commands.bench import resolve_options
 from rlflow.errors import RlflowError
-from rlflow.zoo import MODEL_NAMES, ZOO_VERSION, cached_path, describe, export
+from rlflow.graph import load_model
+from rlflow.zoo import MODEL_NAMES, SIZES, ZOO_VERSION, cached_path, describe, export, to_onnx
 
 CNNS_WITH_BN = ("inception-v3", "resnext-50", "resnet-18", "resnet-50")
 
@@ -132,7 +138,7 @@ def test_unknown_name_or_size_raises(call) -> None:
     message = str(error.value)
     assert "\n" not in message
     assert "resnet-1000" in message or "huge" in message
-    assert all(name in message for name in MODEL_NAMES) or "small, full" in message
+    assert all(name in message for name in MODEL_NAMES) or "small, medium, full" in message
 
 
 def test_names_and_descriptions() -> None:
@@ -150,6 +156,73 @@ def test_names_and_descriptions() -> None:
     for name in MODEL_NAMES:
         line = describe(name)
         assert line and "\n" not in line
+        assert "; medium: " in line and "rough" in line
+
+
+def test_sizes() -> None:
+    assert SIZES == ("small", "medium", "full")
+
+
+def _size_options(parser: argparse.ArgumentParser, path: str = "rlflow"):
+    """(command path, action) for every `--size` option under `parser`, subcommands included."""
+    for action in parser._actions:
+        if "--size" in action.option_strings:
+            yield path, action
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                yield from _size_options(subparser, f"{path} {name}")
+
+
+def test_every_size_option_accepts_every_zoo_size(tmp_path: Path) -> None:
+    options = dict(_size_options(build_parser()))
+    # The commands that take a zoo model; each lists the sizes itself (no torch import at startup).
+    for command in ("zoo export", "search", "optimize", "bench", "collect", "train-ppo"):
+        assert f"rlflow {command}" in options, sorted(options)
+    for path, action in options.items():
+        assert tuple(action.choices) == SIZES, path
+    args = build_parser().parse_args(["bench", "--out", str(tmp_path), "--size", "medium"])
+    assert resolve_options(args)["size"] == "medium"  # the config-file check, too
+
+
+def _op_types(model: onnx.ModelProto) -> set[str]:
+    return set(Counter(node.op_type for node in model.graph.node))
+
+
+def _check_medium(name: str, path: Path) -> onnx.ModelProto:
+    """A medium export: valid, runnable, static in the IR, with exactly full's operator types."""
+    _check_model(name, "medium", path)
+    graph = load_model(path)
+    for value in graph.values.values():
+        assert all(dim > 0 for dim in value.shape), (value.name, value.shape)
+    medium = onnx.load(path)
+    assert _op_types(medium) == _op_types(to_onnx(name, "full"))
+    return medium
+
+
+# One transformer (two stacks, causal mask, joint network) and one CNN: ~5 s in all, full
+# exports included. Every model is checked in the slow test below.
+@pytest.mark.parametrize(
+    ("name", "input_shapes"),
+    [
+        # the transformers keep full's sequence lengths
+        ("transformer-transducer", {"audio_features": (1, 80, 80), "labels": (1, 16)}),
+        # the CNNs are the full networks at half the input side
+        ("resnet-18", {"image": (1, 3, 112, 112)}),
+    ],
+)
+def test_medium_exports_through_the_cli(
+    name: str, input_shapes: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / f"{name}.onnx"
+    assert main(["zoo", "export", name, "--size", "medium", "-o", str(path)]) == 0
+    assert (tmp_path / "cache" / "zoo" / f"{name}-medium-v{ZOO_VERSION}.onnx").exists()
+    medium = _check_medium(name, path)
+    shapes = {
+        value.name: tuple(dim.dim_value for dim in value.type.tensor_type.shape.dim)
+        for value in medium.graph.input
+    }
+    assert shapes == input_shapes
 
 
 @pytest.mark.slow
@@ -158,3 +231,9 @@ def test_full_model_exports_checks_and_runs(name: str, tmp_path: Path) -> None:
     path = export(name, "full", tmp_path / f"{name}.onnx")
     _check_model(name, "full", path)
     assert not list(tmp_path.glob("*.data"))  # one file: no external weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_medium_model_exports_checks_and_runs(name: str, tmp_path: Path) -> None:
+    _check_medium(name, export(name, "medium", tmp_path / f"{name}.onnx"))
