@@ -561,14 +561,14 @@ def main(argv: list[str] | None = None) -> int:
         "### World model by data budget (random-agent episodes)",
         "",
         "| episodes | collect steps | eval steps | real env steps | real measurements | "
-        "held-out reward mse | analytic speedup | measured speedup | wall s |",
+        "held-out cost mse | analytic speedup | measured speedup | wall s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in wm_rows:
         lines.append(
             f"| {row['budget']} | {row['collect_steps']} | {row['eval_steps_all_taus']} | "
             f"{row['real_env_steps']} | {row['real_measurements']} | "
-            f"{fmt(row['mdnrnn_val']['reward_mse'])} | {fmt(row['analytic_speedup'])} | "
+            f"{fmt(row['mdnrnn_val']['cost_mse'])} | {fmt(row['analytic_speedup'])} | "
             f"{fmt(row['measured_speedup'])} | {row['wall_s']:.0f} |"
         )
     lines += [

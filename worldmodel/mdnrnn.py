@@ -5,8 +5,8 @@ the next cost ratio C_{t+1} / C_0, the done flag and the next step's per-rule ap
 M predicts the cost *level*, not the reward: the dream derives r_t = 100 (c_t - c_{t+1}) from
 consecutive predictions, so a dream return telescopes to 100 (c_0 - c_T) like the real one
 and cannot be inflated by summing per-step reward errors (a rule and its reverse, back and
-forth, each predicted as a gain). Its error on the reward, given the true c_t, is reported as
-`reward_mse` (the same units as a reward head's).
+forth, each predicted as a gain). Its squared error is reported as `cost_mse`, scaled by 100
+as rewards are (so it is also the error of the reward derived from it, given the true c_t).
 
 Following Ha & Schmidhuber (2018), each latent dimension has its own K-component mixture;
 sampling at temperature tau divides the mixture logits by tau and scales sigma by sqrt(tau).
@@ -125,7 +125,7 @@ def mdnrnn_losses(
     valid: Tensor,
     stopped: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Mean over valid steps of: `mdn_nll` (per step, summed over z), `reward_mse` (the squared
+    """Mean over valid steps of: `mdn_nll` (per step, summed over z), `cost_mse` (the squared
     error of the cost head in reward units, (100 (c_pred - c_next))^2: the error of the reward
     derived from it given the true current cost), `done_bce` (over the steps that did not stop,
     given `stopped` (B, T)), `mask_bce` (summed over rules); `loss` is their sum. `valid` (B, T)
@@ -134,7 +134,7 @@ def mdnrnn_losses(
     count = weight.sum().clamp(min=1.0)
     nll = (mdn_nll(output, next_z) * weight).sum() / count
     cost_error = COST_SCALE * (output.cost - next_cost)
-    reward_mse = (cost_error.pow(2) * weight).sum() / count
+    cost_mse = (cost_error.pow(2) * weight).sum() / count
     # Stop ends a dream episode by construction: done is learnt where it is news, on the
     # steps that applied a rule (the episode ends when no candidate is left).
     done_weight = weight if stopped is None else weight * (~stopped).float()
@@ -152,10 +152,10 @@ def mdnrnn_losses(
     ).sum() / count
     return {
         "mdn_nll": nll,
-        "reward_mse": reward_mse,
+        "cost_mse": cost_mse,
         "done_bce": done_bce,
         "mask_bce": mask_bce,
-        "loss": nll + reward_mse + done_bce + mask_bce,
+        "loss": nll + cost_mse + done_bce + mask_bce,
     }
 
 

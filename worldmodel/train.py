@@ -3,7 +3,7 @@
 Both stages checkpoint after every epoch (atomically) and a rerun resumes from the last one;
 a finished stage is skipped. Epoch e draws its randomness from (seed, stage, e), so a resumed
 run trains exactly as an uninterrupted one. Scalars go to TensorBoard under RUN_DIR:
-`wm/recon`, `wm/kl` (VAE), `wm/mdn_nll`, `wm/reward_mse` (M's cost head, in reward units),
+`wm/recon`, `wm/kl` (VAE), `wm/mdn_nll`, `wm/cost_mse` (M's cost head, in reward units),
 `wm/done_bce`, `wm/mask_bce` (MDN-RNN), each also as `wm/val_*` on the held-out episodes.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,6 @@ from rlflow.worldmodel.model import (
     MDNRNN_CHECKPOINT,
     PROGRESS,
     VAE_CHECKPOINT,
-    WorldModel,
     load_checkpoint,
     load_npz,
     save_checkpoint,
@@ -83,13 +82,6 @@ class WorldModelSettings:
     """Fraction of episodes held out for the wm/val_* scalars."""
     seed: int = 0
     """Seed of the split, the initialisations and the minibatch order."""
-
-    def identity(self) -> dict[str, Any]:
-        """What a rerun into the same RUN_DIR must keep (epochs may grow)."""
-        identity = asdict(self)
-        identity.pop("vae_epochs")
-        identity.pop("rnn_epochs")
-        return identity
 
 
 def _generator(seed: int, stage: int, epoch: int) -> tuple[np.random.Generator, int]:
@@ -330,7 +322,7 @@ def cost_ratios(data: RolloutData) -> np.ndarray:
     return data.arrays["global_features"][:, column].astype(np.float32)
 
 
-RNN_SCALARS = ("mdn_nll", "reward_mse", "done_bce", "mask_bce")
+RNN_SCALARS = ("mdn_nll", "cost_mse", "done_bce", "mask_bce")
 
 
 @torch.no_grad()
@@ -431,7 +423,7 @@ def train_rnn(
             },
         )
         bar.update(1)
-        bar.set_postfix_str(f"nll {train['mdn_nll']:.2f} reward {train['reward_mse']:.3f}")
+        bar.set_postfix_str(f"nll {train['mdn_nll']:.2f} cost {train['cost_mse']:.3f}")
     bar.close()
     return rnn.eval()
 
@@ -519,8 +511,3 @@ def train_world_model(
         }
         write_json_atomic(run_dir / PROGRESS, summary)
         return summary
-
-
-def load_world_model(run_dir: str | Path) -> WorldModel:
-    """The world model of a finished train-wm run (`WorldModel.load`)."""
-    return WorldModel.load(run_dir)

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"held out: VAE recon {vae['recon']:.3f} kl {vae['kl']:.2f}; MDN-RNN nll "
-            f"{rnn['mdn_nll']:.2f} reward mse {rnn['reward_mse']:.3f} done bce "
+            f"{rnn['mdn_nll']:.2f} cost mse {rnn['cost_mse']:.3f} done bce "
             f"{rnn['done_bce']:.3f} mask bce {rnn['mask_bce']:.3f}"
         )
         print(

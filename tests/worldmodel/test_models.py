@@ -28,10 +28,10 @@ def test_trained_mdnrnn_beats_untrained_on_held_out_rollouts(pipeline):
     trained_nll = evaluate_rnn(trained, data, held_out, mu)["mdn_nll"]
     untrained_nll = evaluate_rnn(untrained, data, held_out, mu)["mdn_nll"]
     assert trained_nll < untrained_nll
-    # and the other heads learnt too: reward, done and the next action mask
+    # and the other heads learnt too: cost, done and the next action mask
     trained_all = evaluate_rnn(trained, data, held_out, mu)
     untrained_all = evaluate_rnn(untrained, data, held_out, mu)
-    for key in ("reward_mse", "done_bce", "mask_bce"):
+    for key in ("cost_mse", "done_bce", "mask_bce"):
         assert trained_all[key] < untrained_all[key], key
 
 

@@ -38,7 +38,7 @@ def test_train_wm_tensorboard_scalars(pipeline):
     events = EventAccumulator(str(pipeline.wm))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    for tag in ("wm/recon", "wm/kl", "wm/mdn_nll", "wm/reward_mse", "wm/done_bce", "wm/mask_bce"):
+    for tag in ("wm/recon", "wm/kl", "wm/mdn_nll", "wm/cost_mse", "wm/done_bce", "wm/mask_bce"):
         assert tag in tags, tag
     nll = [event.value for event in events.Scalars("wm/mdn_nll")]
     assert len(nll) == 100
