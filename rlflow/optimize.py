@@ -20,13 +20,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rlflow.agents.spec import AgentSpec, is_agent_spec, parse_agent
 from rlflow.cost import Deployment, EquivalenceReport, OrtSettings, Runner, check_equivalence
-from rlflow.cost.ort_optimizer import Peer, StartState, start_states, tuning_peer
+from rlflow.cost.ort_optimizer import (
+    Peer,
+    StartState,
+    fusion_table,
+    optimized_graph,
+    start_state,
+    start_states,
+    tuning_peer,
+)
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_bytes_atomic
 from rlflow.graph import Graph
@@ -253,6 +261,9 @@ class OptimizeResult:
     start_speedups: dict[str, float]
     """Every start state measured, by name: its speedup over the original under ORT's defaults."""
     peer: Peer | None
+    fusions: dict[str, dict[str, Any]]
+    """onnxruntime's fusions in its `all` graph of the original against the result's, per
+    operator (`rlflow.cost.ort_optimizer.fusion_table`): what rlflow kept and dropped."""
 
     def write(self, path: str | Path) -> Path:
         """The optimised model as ONNX at `path` (written atomically)."""
@@ -281,6 +292,7 @@ class OptimizeResult:
             "target": json.loads(metadata[TARGET_KEY]) if TARGET_KEY in metadata else None,
             "start_state": self.start.name,
             "start_speedups": self.start_speedups,
+            "fusions": self.fusions,
             "ort_level": self.settings.ort_level,
             "result_ort_level": result.ort_level,
             "threads": result.threads,
@@ -338,14 +350,16 @@ def optimize(
     runner: Runner | None = None,
     progress: Progress | None = None,
     peer: bool = True,
+    start: str | StartState = "best",
 ) -> OptimizeResult:
     """Optimise `original` with `method` for `deploy` (default offline) and check the result
     (RlflowError if it is not equivalent).
 
     `settings` are the original's: what a user runs today (default: onnxruntime's defaults,
     level all); speedups are against it. Offline, the method starts from the fastest start
-    state (`choose_start`; the original only if `options.portable`), works on graphs run as
-    written, and the result declares so; online, it starts from the original and everything runs
+    state (`choose_start`; the original only if `options.portable`), or from `start` when it
+    names one (`original`, `ort:all`, ...) or is one already measured; it works on graphs run as
+    written, and the result declares so. Online, it starts from the original and everything runs
     under `settings`. `peer` also times the
     tuning peer (`rlflow.cost.ort_optimizer.tuning_peer`). `runner` times the final graphs
     (default: `rlflow.search.default_runner`).
@@ -357,10 +371,13 @@ def optimize(
     deploy = deploy or Deployment("offline")
     runner = runner or default_runner(settings)
     reference: Graph | None = original if deploy.mode == "offline" else None
-    if deploy.mode == "offline" and not options.portable:
+    start_speedups: dict[str, float] = {}
+    if deploy.mode == "online" or options.portable:  # ORT's graphs hold its own operators
+        start = StartState("original", original, None)
+    elif start == "best":
         start, start_speedups = choose_start(original, runner, progress)
-    else:  # online, or portable (onnxruntime's graphs hold its own operators)
-        start, start_speedups = StartState("original", original, None), {}
+    elif isinstance(start, str):
+        start = start_state(original, start, settings)
     result = run_method(
         method,
         start.graph,
@@ -381,6 +398,7 @@ def optimize(
         if progress is not None:
             progress.set_postfix_str("timing onnxruntime's own knobs (the tuning peer)")
         tuning = tuning_peer(original, runner)
+    ort_all = optimized_graph(original, replace(settings, ort_level="all", disabled=()))
     return OptimizeResult(
         method=method,
         original=original,
@@ -393,6 +411,7 @@ def optimize(
         start=start,
         start_speedups=start_speedups,
         peer=tuning,
+        fusions=fusion_table(ort_all, graph),
     )
 
 

@@ -97,6 +97,14 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "its ort_config; online: onnxruntime optimises OUT again when it loads it",
     )
     parser.add_argument(
+        "--start",
+        default="best",
+        metavar="STATE",
+        help="offline: where the method begins: best (default: the fastest measured of the "
+        "original and onnxruntime's graphs of it), original, ort:all, ort:extended, "
+        "ort:all-PASS (that pass of onnxruntime's switched off)",
+    )
+    parser.add_argument(
         "--no-peer",
         action="store_true",
         help="skip timing onnxruntime's own knobs on the original (the tuning peer)",
@@ -161,6 +169,7 @@ def optimize_to_file(
             runner=default_runner(settings, args.min_time),
             progress=bar,
             peer=not args.no_peer,
+            start=args.start,
         )
     result.write(args.output)
     summary = result.summary(
@@ -182,11 +191,12 @@ def optimize_to_file(
 
 def _how_measured(summary: Mapping[str, Any]) -> str:
     finalists = len(summary["finalists"])
+    start = summary["start_state"]
     if summary["confirmed"] is None:
-        return f"the original was fastest of {finalists} graphs timed interleaved in one run"
+        return f"the start graph ({start}) was fastest of {finalists} timed interleaved in one run"
     if summary["confirmed"]:
         return f"fastest of {finalists} graphs, confirmed in a second interleaved run"
-    return f"the fastest of {finalists} graphs was not faster in a second run: original kept"
+    return f"the fastest of {finalists} graphs was not faster in a second run: {start} kept"
 
 
 def print_summary(summary: Mapping[str, Any]) -> None:
@@ -210,11 +220,15 @@ def print_summary(summary: Mapping[str, Any]) -> None:
             f"tuning peer: onnxruntime's best knob on the original, {summary['peer_knob']}, "
             f"{summary['peer_speedup']:.3f}x: {verdict}"
         )
+    changed = {op: row for op, row in summary["fusions"].items() if row["dropped"] or row["added"]}
+    if summary["fusions"]:
+        counts = ", ".join(f"{op} {row['ort']}->{row['rlflow']}" for op, row in changed.items())
+        print(f"onnxruntime's fusions (its `all` graph -> the result): {counts or 'all kept'}")
     if summary["rules_applied"]:
         rules = ", ".join(f"{name} x{count}" for name, count in summary["rules_applied"].items())
         print(f"rules applied ({summary['steps']} steps): {rules}")
     else:
-        print("rules applied: none (no rewritten graph measured faster than the original)")
+        print("rules applied: none (no rewritten graph measured faster than the start graph)")
     if summary.get("chosen_by_default"):
         print(f"method: {summary['method']} (the default; choose with --method or --agent)")
     if summary["method"].startswith("agent:"):

@@ -30,7 +30,7 @@ from rlflow.cost.runner import Runner
 from rlflow.cost.session import ORT_LEVELS, PROVIDERS, OrtSettings
 from rlflow.cost.source import ModelLike, ModelSource
 from rlflow.errors import RlflowError, first_line
-from rlflow.graph import Graph, load_model
+from rlflow.graph import MS_DOMAIN, NCHWC_DOMAIN, Graph, load_model
 
 _MODIFIED = re.compile(r"GraphTransformer (\S+) modified: 1")
 _STDERR_LOCK = threading.Lock()
@@ -132,6 +132,34 @@ def start_state(model: Graph, name: str, base: OrtSettings) -> StartState:
     return StartState(name, optimized_graph(model, knob), knob)
 
 
+def fused_sites(graph: Graph) -> dict[str, list[str]]:
+    """onnxruntime's own operators in `graph` (contrib and NCHWc: what its fusions and layout
+    passes make), by `domain:op_type`, each site named by the tensor it produces."""
+    short = {MS_DOMAIN: "ms", NCHWC_DOMAIN: "nchwc"}
+    sites: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        if node.domain in short:
+            sites.setdefault(f"{short[node.domain]}:{node.op_type}", []).append(node.outputs[0])
+    return sites
+
+
+def fusion_table(ort_graph: Graph, result: Graph) -> dict[str, dict[str, object]]:
+    """Which of onnxruntime's fusions (in its `all` graph of a model) a result kept, which it
+    dropped and which it added, per operator: counts, and the dropped and added sites by the
+    tensor the fused operator produces (so they are only as comparable as the names are)."""
+    theirs, ours = fused_sites(ort_graph), fused_sites(result)
+    table: dict[str, dict[str, object]] = {}
+    for op in sorted(set(theirs) | set(ours)):
+        ort_sites, our_sites = theirs.get(op, []), ours.get(op, [])
+        table[op] = {
+            "ort": len(ort_sites),
+            "rlflow": len(our_sites),
+            "dropped": sorted(set(ort_sites) - set(our_sites)),
+            "added": sorted(set(our_sites) - set(ort_sites)),
+        }
+    return table
+
+
 def ort_knobs(model: ModelLike, base: OrtSettings) -> list[OrtSettings]:
     """onnxruntime's knobs worth trying on `model`: every level below `all`, then `all` with
     each pass that changed the model switched off in turn (`all` itself, the default, is the
@@ -189,6 +217,8 @@ __all__ = [
     "Peer",
     "StartState",
     "changed_passes",
+    "fused_sites",
+    "fusion_table",
     "knob_of",
     "start_state",
     "optimized_graph",
