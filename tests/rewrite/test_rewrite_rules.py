@@ -56,6 +56,19 @@ EXPECTED_OPS = {
     "matmul-siblings-merge": ["Neg", "MatMul", "Add", "Split", "Relu", "Relu"],
     "matmul-siblings-merge-reverse": ["Neg", "MatMul", "Add", "MatMul", "Add"],
     "softmax-scale-fold": ["MatMul", "Add", "Reshape", "Transpose"] * 2 + ["MatMul", "Softmax"],
+    "matmul-add-to-reshaped-gemm": ["Reshape", "Gemm", "Reshape"],
+    "matmul-add-to-reshaped-gemm-reverse": ["MatMul", "Add"],
+    "matmul-input-scale-to-fusedmatmul": ["FusedMatMul"],
+    "fusedmatmul-to-matmul": ["MatMul", "Mul"],
+    "conv-activation-to-fusedconv": ["FusedConv"],
+    "fusedconv-to-conv": ["Conv", "Relu"],
+    "skip-layernorm-bias-fusion": ["Neg", "SkipLayerNormalization"],
+    "skip-layernorm-fusion-reverse": ["Neg", "Add", "LayerNormalization"],
+    "gelu-fusion-reverse": ["Neg", "Div", "Erf", "Add", "Mul", "Mul"],
+    "bias-gelu-fusion-reverse": ["Add", "Gelu"],
+    "fastgelu-fusion-reverse": ["Neg", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"],
+    "reshape-unsqueeze-fold": ["Reshape"],
+    "reshape-squeeze-fold": ["Reshape"],
 }
 
 
@@ -347,6 +360,99 @@ def _():
     k = b.op("Transpose", [b.op("MatMul", [x, b.const((6, 6))])], perm=[0, 2, 1])
     scores = b.op("Mul", [b.op("MatMul", [q, k]), b.const((4,))])
     return b.model(b.op("Softmax", [scores], axis=-1))
+
+
+@negative("matmul-add-to-reshaped-gemm", "matrix")
+def _():
+    b = ModelBuilder()
+    product = b.op("MatMul", [b.input((2, 3)), b.const((3, 4))])
+    return b.model(b.op("Add", [product, b.const((4,))]))
+
+
+@negative("matmul-add-to-reshaped-gemm-reverse", "alpha or beta")
+def _():
+    b = ModelBuilder()
+    rows = b.op("Reshape", [b.input((1, 2, 3)), b.const([2, 3], np.int64)])
+    product = b.op("Gemm", [rows, b.const((3, 4)), b.const((4,))], beta=0.5)
+    return b.model(b.op("Reshape", [product, b.const([1, 2, 4], np.int64)]))
+
+
+@negative("matmul-input-scale-to-fusedmatmul", "not a constant scalar")
+def _():
+    b = ModelBuilder()
+    scaled = b.op("Mul", [b.input((2, 3)), b.const((3,))])
+    return b.model(b.op("MatMul", [scaled, b.input((3, 4))]))
+
+
+@negative("fusedmatmul-to-matmul", "batch axes")
+def _():
+    b = ModelBuilder()
+    a, c = b.input((3, 2, 4)), b.input((2, 4, 5))
+    return b.model(b.op("FusedMatMul", [a, c], domain="com.microsoft", transBatchA=1))
+
+
+@negative("conv-activation-to-fusedconv", "bounds are not constants")
+def _():
+    b = ModelBuilder()
+    conv = _conv(b, b.input((1, 3, 6, 6)), 4, 3, 3)
+    return b.model(b.op("Clip", [conv, b.input(())]))
+
+
+@negative("fusedconv-to-conv", "opset 11")
+def _():
+    b = ModelBuilder(opset=10)
+    inputs = [b.input((1, 3, 6, 6)), b.const((4, 3, 3, 3))]
+    fused = b.op(
+        "FusedConv", inputs, domain="com.microsoft", activation="Clip", activation_params=[0.0, 6.0]
+    )
+    return b.model(fused)
+
+
+@negative("skip-layernorm-bias-fusion", "not a constant vector")
+def _():
+    b = ModelBuilder()
+    biased = b.op("Add", [b.input((1, 4, 8)), b.input((8,))])
+    inputs = [biased, b.input((1, 4, 8)), b.const((8,))]
+    return b.model(b.op("SkipLayerNormalization", inputs, domain="com.microsoft"))
+
+
+@negative("skip-layernorm-fusion-reverse", "opset 17")
+def _():
+    b = ModelBuilder(opset=16)
+    inputs = [b.input((1, 4, 8)), b.input((1, 4, 8)), b.const((8,))]
+    return b.model(b.op("SkipLayerNormalization", inputs, domain="com.microsoft"))
+
+
+@negative("gelu-fusion-reverse", None)  # ONNX's own Gelu (opset 20) is not onnxruntime's
+def _():
+    b = ModelBuilder(opset=20)
+    return b.model(b.op("Gelu", [b.input((2, 8))]))
+
+
+@negative("bias-gelu-fusion-reverse", None)  # a Gelu without a bias: gelu-fusion-reverse's
+def _():
+    b = ModelBuilder()
+    return b.model(b.op("Gelu", [b.input((2, 8))], domain="com.microsoft"))
+
+
+@negative("fastgelu-fusion-reverse", None)  # the exact Gelu is not the tanh approximation
+def _():
+    b = ModelBuilder()
+    return b.model(b.op("Gelu", [b.input((2, 8))], domain="com.microsoft"))
+
+
+@negative("reshape-unsqueeze-fold", "read outside the pattern")
+def _():
+    b = ModelBuilder()
+    flat = b.op("Reshape", [b.input((2, 3)), b.const([6], np.int64)])
+    return b.model(b.op("Unsqueeze", [flat, b.const([0], np.int64)]), b.op("Relu", [flat]))
+
+
+@negative("reshape-squeeze-fold", "read outside the pattern")
+def _():
+    b = ModelBuilder()
+    flat = b.op("Reshape", [b.input((2, 3)), b.const([1, 6], np.int64)])
+    return b.model(b.op("Squeeze", [flat, b.const([0], np.int64)]), b.op("Relu", [flat]))
 
 
 def _reasons(rule, graph) -> list[str | None]:

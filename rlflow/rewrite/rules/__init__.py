@@ -11,9 +11,16 @@ from rlflow.rewrite.rule import Rule
 
 def builtin_rules() -> list[Rule]:
     """Every hand-written rule, portable and not, verified or not."""
-    from rlflow.rewrite.rules import conv, fusion, matmul, simplify, transformer
+    from rlflow.rewrite.rules import conv, fusion, matmul, reshape, simplify, transformer
 
-    return [*simplify.RULES, *matmul.RULES, *conv.RULES, *fusion.RULES, *transformer.RULES]
+    return [
+        *simplify.RULES,
+        *matmul.RULES,
+        *conv.RULES,
+        *fusion.RULES,
+        *transformer.RULES,
+        *reshape.RULES,
+    ]
 
 
 def all_rules() -> list[Rule]:

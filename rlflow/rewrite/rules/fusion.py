@@ -1,10 +1,17 @@
-"""Fusions of decomposed activations and normalisations into single operators.
+"""Fusions of decomposed activations and normalisations into single operators, and back.
 
 - 0.5 * x * (1 + Erf(x / sqrt 2)) -> Gelu(x)                                    (contrib)
 - Gelu(Add(x, b)) -> BiasGelu(x, b)                                             (contrib)
 - 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3))) -> FastGelu(x)           (contrib)
 - (x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) * g + b -> LayerNormalization  (opset 17)
 - LayerNormalization(Add(a, b), g, beta?) -> SkipLayerNormalization(a, b, g, beta)  (contrib)
+- SkipLayerNormalization(Add(a, c), b, ...) -> SkipLayerNormalization(a, b, ..., bias=c)
+  (contrib; c a constant vector: with the rule above, ORT's SkipLayerNormFusion with a bias)
+
+Each contrib fusion has a reverse that writes the plain ops again (Gelu in the erf form,
+FastGelu in the tanh form, BiasGelu as Add + Gelu, SkipLayerNormalization as Adds +
+LayerNormalization), matching what onnxruntime saves, so that a search starting from ORT's
+optimised graph can undo a fusion at one site where it does not pay on this CPU.
 
 Only exact forms are fused: FastGelu is not offered for the Erf form, which it only
 approximates (verification would, rightly, reject it).
@@ -12,12 +19,15 @@ approximates (verification would, rightly, reject it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
+from onnx import helper
 
-from rlflow.graph import Graph
+from rlflow.graph import Graph, Node
 from rlflow.graph.domains import MS_DOMAIN as MS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
@@ -219,20 +229,8 @@ class SkipLayerNormFusion(PatternRule):
         emit = Emitter(graph)
         inputs = [match["a"], match["b"], match["gamma"], match["beta"]]
         epsilon = layernorm.attr("epsilon", 1e-5)
-        if not shared:
-            fused = emit.op(
-                "SkipLayerNormalization", inputs, domain=MS, like=[output], epsilon=epsilon
-            )
-            return emit.result(fused, total)
-        fused, _, _, new_total = emit.op(
-            "SkipLayerNormalization",
-            inputs,
-            outputs=4,
-            domain=MS,
-            like=[output, "", "", total],
-            epsilon=epsilon,
-        )
-        return emit.result(fused, new_total)
+        fused = _skip_layernorm(emit, inputs, epsilon, output, total if shared else "")
+        return emit.result(fused[0], fused[1] if shared else total)
 
     def example(self, setting: int) -> onnx.ModelProto:
         b = ModelBuilder()
@@ -246,10 +244,224 @@ class SkipLayerNormFusion(PatternRule):
         return b.model(normed)
 
 
+def _skip_layernorm(
+    emit: Emitter, inputs: list[str], epsilon: float, output: str, total: str = ""
+) -> list[str]:
+    """A SkipLayerNormalization standing for `output`, and for the sum `total` (input + skip +
+    bias) as its fourth output if one is given; returns the new names of those."""
+    if not total:
+        fused = emit.op("SkipLayerNormalization", inputs, domain=MS, like=[output], epsilon=epsilon)
+        return [fused]
+    fused, _, _, new_total = emit.op(
+        "SkipLayerNormalization",
+        inputs,
+        outputs=4,
+        domain=MS,
+        like=[output, "", "", total],
+        epsilon=epsilon,
+    )
+    return [fused, new_total]
+
+
+def _with_sum(graph: Graph, matches: Iterator[Match]) -> Iterator[Match]:
+    """Matches anchored at a SkipLayerNormalization, with its sum output among the values the
+    rewrite replaces where something reads it."""
+    for match in matches:
+        fused = match.nodes[0]
+        total = fused.outputs[3] if len(fused.outputs) > 3 else ""
+        if total and (graph.consumers(total) or graph.is_output(total)):
+            match = dataclasses.replace(match, outputs=(*match.outputs, total))
+        yield match
+
+
+def _typed(emit: Emitter, graph: Graph, like: str, value: float) -> str:
+    """A scalar constant of `like`'s element type."""
+    dtype = helper.tensor_dtype_to_np_dtype(graph.value(like).dtype)
+    return emit.const(np.array(value, dtype))
+
+
+_SLN_EPSILON = 1e-12
+"""SkipLayerNormalization's epsilon where the attribute is absent (its schema's default)."""
+
+
+class SkipLayerNormBiasFusion(PatternRule):
+    """A constant vector added to either input of a SkipLayerNormalization becomes its bias
+    input: with skip-layernorm-fusion first, ORT's SkipLayerNormFusion of LayerNormalization(
+    Add(Add(a, c), b)) (its formats 1 and 2: a projection's bias before the residual Add), here
+    a second step so that each site can take the bias or leave it."""
+
+    name = "skip-layernorm-bias-fusion"
+    description = (
+        "SkipLayerNormalization(Add(a, c), b, g, beta) -> SkipLayerNormalization(a, b, g, beta, c)"
+    )
+    portable = False
+    pattern = (
+        "com.microsoft.SkipLayerNormalization(Add(a, c), b, gamma, beta?)",
+        "com.microsoft.SkipLayerNormalization(b, Add(a, c), gamma, beta?)",
+    )
+    target_ops = {"SkipLayerNormalization": 1}
+
+    def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
+        return _with_sum(graph, super().matches(graph, anchor))
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        width = shape(graph, match["a"])[-1:]
+        if not graph.is_constant(match["c"]) or shape(graph, match["c"]) != width:
+            return f"the addend is not a constant vector of the last axis {width}"
+        if len(shape(graph, match["a"])) != 3:
+            return "the biased input is not 3-D"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        fused = match.nodes[0]
+        pair = [match["a"], match["b"]] if match.pattern_index == 0 else [match["b"], match["a"]]
+        inputs = [*pair, match["gamma"], match["beta"], match["c"]]
+        epsilon = fused.attr("epsilon", _SLN_EPSILON)
+        emit = Emitter(graph)
+        return emit.result(*_skip_layernorm(emit, inputs, epsilon, *match.outputs))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        dims = pick(setting, [(1, 4, 8), (2, 3, 6), (1, 5, 4)])
+        biased = b.op("Add", [b.input(dims), b.const((dims[-1],))])
+        skip = b.op("Neg", [b.input(dims)])
+        pair = [biased, skip] if setting != 1 else [skip, biased]
+        params = [b.const((dims[-1],))] + ([b.const((dims[-1],))] if setting != 1 else [])
+        outputs = 4 if setting == 2 else 1
+        fused = b.op("SkipLayerNormalization", [*pair, *params], outputs, MS, epsilon=1e-5)
+        if setting == 2:  # the sum is read again downstream, as in a pre-LN residual stream
+            return b.model(b.op("Add", [fused[0], fused[3]]))
+        return b.model(fused)
+
+
+class SkipLayerNormUnfusion(PatternRule):
+    """A SkipLayerNormalization, ORT's or ours, back to its Adds (the bias first, as in ORT's
+    format 1) and a LayerNormalization; its sum output, if read, is the residual Add's."""
+
+    name = "skip-layernorm-fusion-reverse"
+    description = (
+        "SkipLayerNormalization(a, b, g, beta, bias) -> "
+        "LayerNormalization(Add(Add(a, bias), b), g, beta)"
+    )
+    pattern = "com.microsoft.SkipLayerNormalization(a, b, gamma, beta?, bias?)"
+    target_ops = {"Add": 1, "LayerNormalization": 1}
+
+    def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
+        return _with_sum(graph, super().matches(graph, anchor))
+
+    def check(self, graph: Graph, match: Match) -> str | None:
+        if opset(graph) < 17:
+            return f"LayerNormalization needs opset 17, the graph has {opset(graph)}"
+        width = shape(graph, match.outputs[0])[-1:]
+        for var in ("gamma", "beta"):
+            if match[var] and shape(graph, match[var]) != width:
+                return f"{var} is not a vector of the last axis {width}"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        first = match["a"]
+        if match["bias"]:
+            first = emit.op("Add", [first, match["bias"]])
+        total = emit.op("Add", [first, match["b"]])
+        epsilon = match.nodes[0].attr("epsilon", _SLN_EPSILON)
+        params = [match["gamma"], match["beta"]]
+        normed = emit.op("LayerNormalization", [total, *params], axis=-1, epsilon=epsilon)
+        return emit.result(*(normed, total)[: len(match.outputs)])
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        dims = pick(setting, [(1, 4, 8), (2, 3, 6), (1, 5, 4)])
+        inputs = [b.input(dims), b.op("Neg", [b.input(dims)]), b.const((dims[-1],))]
+        inputs += [b.const((dims[-1],)) for _ in range(2 if setting == 1 else 1)]  # beta, bias
+        outputs = 4 if setting == 2 else 1
+        fused = b.op("SkipLayerNormalization", inputs, outputs, MS, epsilon=1e-5)
+        if setting == 2:
+            return b.model(b.op("Add", [fused[0], fused[3]]))
+        return b.model(fused)
+
+
+class GeluToErfForm(PatternRule):
+    """ORT's Gelu back to the erf form that PyTorch exports (and gelu-fusion matches)."""
+
+    name = "gelu-fusion-reverse"
+    description = "Gelu(x) -> 0.5 * x * (1 + Erf(x / sqrt 2))"
+    pattern = "com.microsoft.Gelu(x)"
+    target_ops = {"Div": 1, "Erf": 1, "Add": 1, "Mul": 2}
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        x = match["x"]
+        erf = emit.op("Erf", [emit.op("Div", [x, _typed(emit, graph, x, math.sqrt(2))])])
+        inner = emit.op("Add", [erf, _typed(emit, graph, x, 1.0)])
+        product = emit.op("Mul", [x, inner])
+        return emit.result(emit.op("Mul", [product, _typed(emit, graph, x, 0.5)]))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        x = b.op("Neg", [b.input(pick(setting, [(2, 8), (1, 4, 6), (3, 2, 2, 5)]))])
+        return b.model(b.op("Gelu", [x], domain=MS))
+
+
+class BiasGeluToAddGelu(PatternRule):
+    name = "bias-gelu-fusion-reverse"
+    description = "BiasGelu(x, b) -> Gelu(Add(x, b))"
+    portable = False
+    pattern = "com.microsoft.BiasGelu(x, b)"
+    target_ops = {"Add": 1, "Gelu": 1}
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        biased = emit.op("Add", [match["x"], match["b"]])
+        return emit.result(emit.op("Gelu", [biased], domain=MS, like=[match.outputs[0]]))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        dims = pick(setting, [(2, 8), (1, 4, 6), (3, 2, 5)])
+        return b.model(b.op("BiasGelu", [b.input(dims), b.const((dims[-1],))], domain=MS))
+
+
+class FastGeluToTanhForm(PatternRule):
+    """ORT's FastGelu back to the tanh form that fastgelu-fusion matches, its bias (if any) an
+    Add before it."""
+
+    name = "fastgelu-fusion-reverse"
+    description = "FastGelu(x) -> 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 x^3)))"
+    pattern = "com.microsoft.FastGelu(x, bias?)"
+    target_ops = {"Mul": 4, "Pow": 1, "Add": 2, "Tanh": 1}
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        emit = Emitter(graph)
+        x = match["x"]
+        if match["bias"]:
+            x = emit.op("Add", [x, match["bias"]])
+
+        def const(value: float) -> str:
+            return _typed(emit, graph, match.outputs[0], value)
+
+        cube = emit.op("Mul", [emit.op("Pow", [x, const(3.0)]), const(0.044715)])
+        inner = emit.op("Mul", [emit.op("Add", [x, cube]), const(math.sqrt(2 / math.pi))])
+        plus = emit.op("Add", [emit.op("Tanh", [inner]), const(1.0)])
+        return emit.result(emit.op("Mul", [emit.op("Mul", [x, const(0.5)]), plus]))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        b = ModelBuilder()
+        dims = pick(setting, [(2, 8), (1, 4, 6), (3, 2, 5)])
+        inputs = [b.op("Neg", [b.input(dims)])]
+        if setting == 1:
+            inputs.append(b.const((dims[-1],)))
+        return b.model(b.op("FastGelu", inputs, domain=MS))
+
+
 RULES = [
     GeluFusion(),
     BiasGeluFusion(),
     FastGeluFusion(),
     LayerNormFusion(),
     SkipLayerNormFusion(),
+    SkipLayerNormBiasFusion(),
+    SkipLayerNormUnfusion(),
+    GeluToErfForm(),
+    BiasGeluToAddGelu(),
+    FastGeluToTanhForm(),
 ]
