@@ -1,9 +1,13 @@
 """`rlflow bench --models ... --methods ... --out REPORT_DIR`: every method on every model.
 
 Methods are search baselines (greedy, taso, random) and trained agents (`agent:RUN_DIR`). Each
-runs on each model under each ORT level (its result checked for equivalence and kept under
-REPORT_DIR/models/); then all results of a model are timed interleaved with the original in
-one Runner.compare per ORT level, the only comparison that survives a noisy machine.
+runs on each model in each deploy mode (`rlflow.optimize`: offline results run as written and
+start from the fastest of onnxruntime's graphs; online ones are optimised again by onnxruntime
+at load), its result checked for equivalence and kept under REPORT_DIR/models/; then all
+results of a model and mode are timed interleaved with the original under onnxruntime's
+defaults, in one Runner.compare: the only comparison that survives a noisy machine, and the
+speedup a user deploying the result gets. Beside them, the tuning peer: the best of
+onnxruntime's own knobs on the original, timed once per model.
 REPORT_DIR gets `results.json` (written after every step: a rerun skips what is done),
 `report.md` and PNG plots. Defaults come from `configs/bench.yaml` (`--config`); flags win.
 """
@@ -28,7 +32,9 @@ from rlflow.search import COST_MODELS
 DEFAULTS: dict[str, Any] = {
     "models": ["squeezenet-1.1", "resnet-18"],
     "methods": ["greedy", "taso"],
-    "ort_levels": ["all", "disable"],
+    "deploys": ["offline", "online"],
+    "start": "best",
+    "peer": True,
     "size": "small",
     "budget": None,
     "cost": None,
@@ -39,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "min_time": None,
 }
 """The built-in defaults; `configs/bench.yaml` holds the same values (a test keeps them equal)."""
-RESULTS_VERSION = 1
+RESULTS_VERSION = 2
 """Part of results.json: bump when its layout changes, so that an old file is not resumed."""
 
 
@@ -53,7 +59,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
     parser.add_argument(
-        "--ort-levels", metavar="LEVELS", help="comma-separated ORT levels (default all,disable)"
+        "--deploys",
+        metavar="MODES",
+        help="comma-separated deploy modes, offline and/or online (default both)",
+    )
+    parser.add_argument(
+        "--start",
+        metavar="STATE",
+        help="offline: where every method begins (default best: the fastest measured of the "
+        "original and onnxruntime's graphs of it; original: the rules alone)",
+    )
+    parser.add_argument(
+        "--no-peer", action="store_true", help="skip timing onnxruntime's knobs (the peer)"
     )
     parser.add_argument(
         "--size", choices=("small", "medium", "full"), help="zoo model size (default small)"
@@ -105,13 +122,16 @@ def _split(values: list[str] | str) -> list[str]:
 
 def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     """Config values overridden by the flags given; checked. `methods` become `Method`s."""
-    from rlflow.cost import ORT_LEVELS
+    from rlflow.cost import DEPLOY_MODES, OrtSettings
+    from rlflow.cost.ort_optimizer import knob_of
 
     options = load_config(args.config)
     flags = {
         "models": args.models,
         "methods": args.methods,
-        "ort_levels": args.ort_levels,
+        "deploys": args.deploys,
+        "start": args.start,
+        "peer": False if args.no_peer else None,
         "size": args.size,
         "budget": args.budget,
         "cost": args.cost,
@@ -122,13 +142,15 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         "min_time": args.min_time,
     }
     options.update({key: value for key, value in flags.items() if value is not None})
-    for key in ("models", "methods", "ort_levels"):
+    for key in ("models", "methods", "deploys"):
         options[key] = list(dict.fromkeys(_split(options[key])))
         if not options[key]:
             raise RlflowError(f"--{key.replace('_', '-')} is empty")
-    for level in options["ort_levels"]:
-        if level not in ORT_LEVELS:
-            raise RlflowError(f"unknown ORT level {level!r}; choose from {', '.join(ORT_LEVELS)}")
+    for mode in options["deploys"]:
+        if mode not in DEPLOY_MODES:
+            raise RlflowError(f"unknown deploy mode {mode!r}; choose from offline, online")
+    if options["start"] not in ("best", "original"):
+        knob_of(str(options["start"]), OrtSettings())  # a one-line error for a bad name
     if options["size"] not in ("small", "medium", "full"):
         raise RlflowError(f"size must be small, medium or full, got {options['size']!r}")
     if options["min_time"] is not None and options["min_time"] < 0:
@@ -143,8 +165,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _fingerprint(options: dict[str, Any]) -> dict[str, Any]:
-    """What a finished cell depends on besides its (model, method, level)."""
-    keys = ("size", "budget", "cost", "episodes", "top_k", "seed", "threads", "min_time")
+    """What a finished cell depends on besides its (model, method, deploy mode)."""
+    keys = ("size", "budget", "cost", "episodes", "top_k", "seed", "threads", "min_time", "start")
     return {"version": RESULTS_VERSION, **{key: options[key] for key in keys}}
 
 
@@ -152,10 +174,12 @@ def command_line(options: dict[str, Any], out: str | os.PathLike) -> str:
     """The `rlflow bench` command that reproduces these options."""
     methods = [str(method) for method in options["methods"]]
     words = ["rlflow", "bench", "--models", *options["models"], "--methods", *methods]
-    words += ["--ort-levels", ",".join(options["ort_levels"]), "--size", options["size"]]
-    for key in ("budget", "cost", "episodes", "top_k", "seed", "threads", "min_time"):
+    words += ["--deploys", ",".join(options["deploys"]), "--size", options["size"]]
+    for key in ("budget", "cost", "episodes", "top_k", "seed", "threads", "min_time", "start"):
         if options[key] is not None and options[key] != DEFAULTS[key]:
             words += [f"--{key.replace('_', '-')}", str(options[key])]
+    if not options["peer"]:
+        words.append("--no-peer")
     return shlex.join([*words, "--out", str(out)])
 
 
@@ -212,12 +236,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         state = {}
-    state = state or {"settings": _fingerprint(options), "cells": {}, "comparisons": {}}
+    state = state or {
+        "settings": _fingerprint(options),
+        "cells": {},
+        "comparisons": {},
+        "starts": {},
+        "peers": {},
+    }
     state["command"] = command_line(options, out)
     load_before = os.getloadavg()
 
-    models, methods, levels = options["models"], options["methods"], options["ort_levels"]
-    total = len(models) * len(levels) * (len(methods) + 1)
+    models, methods, modes = options["models"], options["methods"], options["deploys"]
+    total = len(models) * (len(modes) * (len(methods) + 1) + int(bool(options["peer"])))
     with tqdm(total=total, desc="bench", unit="cell", file=sys.stderr, mininterval=0.5) as bar:
         for model in models:
             bench_model(model, options, state, out, bar)
@@ -241,19 +271,22 @@ def run(args: argparse.Namespace) -> int:
 def bench_model(
     model: str, options: dict[str, Any], state: dict[str, Any], out: Path, bar: Any
 ) -> None:
-    """Every method on one model under every ORT level, then one comparison per level; each
-    finished step is saved to results.json at once, and skipped if it is there already."""
+    """Every method on one model in every deploy mode, then one comparison per mode, then the
+    tuning peer; each finished step is saved to results.json at once, and skipped if it is
+    there already."""
     from rlflow.commands.common import resolve_model
-    from rlflow.cost import OrtSettings, check_equivalence
+    from rlflow.cost import Deployment, OrtSettings
+    from rlflow.cost.ort_optimizer import start_state, tuning_peer
     from rlflow.fileio import write_json_atomic
     from rlflow.graph import load_model
-    from rlflow.optimize import SearchOptions, run_method, write_model
+    from rlflow.optimize import SearchOptions, choose_start, optimize
     from rlflow.report import read_progress, real_env_steps
     from rlflow.search import default_runner
 
     size = options["size"]
     label = model_label(model, size)
-    original = None
+    settings = OrtSettings(threads=options["threads"]).resolved()
+    runner = default_runner(settings, options["min_time"])
     search_options = SearchOptions(
         budget=options["budget"],
         cost=options["cost"],
@@ -262,114 +295,149 @@ def bench_model(
         episodes=options["episodes"],
         size=size,
     )
-    for level in options["ort_levels"]:
-        settings = OrtSettings(threads=options["threads"], ort_level=level).resolved()
-        runner = default_runner(settings, options["min_time"])
+    loaded: list[Any] = []
+
+    def original() -> Any:
+        if not loaded:
+            loaded.append(resolve_model(model, size))
+        return loaded[0]
+
+    def save() -> None:
+        write_json_atomic(out / "results.json", state)
+
+    for mode in options["deploys"]:
+        deploy = Deployment(mode)
+        start: Any = options["start"]
         for method in options["methods"]:
-            key = f"{label}|{method.label}|{level}"
+            key = f"{label}|{method.label}|{mode}"
             cell = state["cells"].get(key)
             if cell is not None and _still_valid(cell, method, out):
                 bar.update(1)
                 continue
-            bar.set_description(f"{label} {method.label} {level}")
-            if original is None:
-                original = resolve_model(model, size)
-            progress = _MethodProgress(bar, method.label)
-            result = run_method(
-                method, original, label, settings, search_options, runner=runner, progress=progress
+            bar.set_description(f"{label} {method.label} {mode}")
+            if mode == "offline" and isinstance(start, str):
+                # One start state for every method of the model, measured once.
+                if start == "best":
+                    start, speedups = choose_start(original(), runner)
+                    state["starts"][f"{label}|{mode}"] = speedups
+                else:
+                    start = start_state(original(), start, settings)
+            result = optimize(
+                original(),
+                method,
+                label=label,
+                settings=settings,
+                options=search_options,
+                deploy=deploy,
+                runner=runner,
+                progress=_MethodProgress(bar, method.label),
+                peer=False,
+                start=start,
+                strict=False,
             )
-            report = check_equivalence(original, result.graph)
             graph_file = None
-            if report.equivalent:
-                graph_file = f"models/{_slug(label)}.{_slug(method.label)}.{level}.onnx"
-                write_model(out / graph_file, result.graph)
+            if result.report.equivalent:
+                graph_file = f"models/{_slug(label)}.{_slug(method.label)}.{mode}.onnx"
+                result.write(out / graph_file)
             env_steps = None
             if method.agent is not None:
                 env_steps = real_env_steps(read_progress(method.agent.run_dir))
+            search = result.result
             state["cells"][key] = {
                 "model": label,
                 "method": method.label,
                 "method_spec": str(method),
-                "ort_level": level,
-                "threads": result.threads,
-                "provider": result.provider,
-                "equivalent": report.equivalent,
-                "max_abs_err": report.max_abs_err,
-                "max_rel_err": report.max_rel_err,
-                "equivalence_note": report.reason,
+                "deploy": mode,
+                "start_state": result.start.name,
+                "threads": search.threads,
+                "provider": search.provider,
+                "equivalent": result.report.equivalent,
+                "max_abs_err": result.report.max_abs_err,
+                "max_rel_err": result.report.max_rel_err,
+                "equivalence_note": result.report.reason,
                 "graph_file": graph_file,
                 "graph_hash": result.graph.canonical_hash(),
                 "wall_s": result.wall_s,
-                "search_s": result.search_s,
-                "measure_s": result.measure_s,
-                "steps": len(result.actions),
-                "expansions": result.expansions,
-                "evaluated": result.evaluated,
+                "search_s": search.search_s,
+                "measure_s": search.measure_s,
+                "steps": len(search.actions),
+                "expansions": search.expansions,
+                "evaluated": search.evaluated,
                 "env_steps": env_steps,
-                "rules_applied": result.rules_applied,
-                "cost_model": result.cost_model,
-                "method_speedup": result.speedup,
-                "episode": result.state.to_json(),
+                "rules_applied": search.rules_applied,
+                "fusions": result.fusions,
+                "cost_model": search.cost_model,
+                "method_speedup": search.speedup,
+                "episode": search.state.to_json(),
             }
-            write_json_atomic(out / "results.json", state)
+            save()
             bar.update(1)
 
-        # One interleaved run: the original and every distinct equivalent result.
-        cells = [state["cells"][f"{label}|{m.label}|{level}"] for m in options["methods"]]
+        # One interleaved run: the original under ORT's defaults and every distinct result.
+        cells = [state["cells"][f"{label}|{m.label}|{mode}"] for m in options["methods"]]
         members = {cell["method"]: cell["graph_hash"] for cell in cells if cell["equivalent"]}
-        comparison_key = f"{label}|{level}"
+        comparison_key = f"{label}|{mode}"
         if state["comparisons"].get(comparison_key, {}).get("members") == members:
             bar.update(1)
             continue
-        bar.set_description(f"{label} {level}: timing")
+        bar.set_description(f"{label} {mode}: timing")
         bar.set_postfix_str(f"{len(set(members.values())) + 1} graphs interleaved", refresh=True)
-        if original is None:
-            original = resolve_model(model, size)
-        original_hash = original.canonical_hash()
-        graphs, hashes = [original], [original_hash]
+        graphs, hashes = [original()], ["original"]
         for cell in cells:
             if cell["equivalent"] and cell["graph_hash"] not in hashes:
                 graphs.append(load_model(out / cell["graph_file"]))
                 hashes.append(cell["graph_hash"])
         comparison = runner.compare(graphs, use_cache=False)
+        measured = list(zip(hashes, comparison.measurements, strict=True))
         state["comparisons"][comparison_key] = {
             "model": label,
-            "ort_level": level,
+            "deploy": mode,
             "members": members,
-            "original_hash": original_hash,
             # On the original's footing (Comparison.scaled_ms): original's ms / speedup.
             "ms": dict(zip(hashes, comparison.scaled_ms, strict=True)),
-            "low_ms": {h: m.low_ms for h, m in zip(hashes, comparison.measurements, strict=True)},
-            "median_ms": {
-                h: m.median_ms for h, m in zip(hashes, comparison.measurements, strict=True)
-            },
-            "runs": {h: m.runs for h, m in zip(hashes, comparison.measurements, strict=True)},
+            "median_ms": {h: m.median_ms for h, m in measured},
+            "ort_levels": {h: m.ort_level for h, m in measured},
+            "runs": {h: m.runs for h, m in measured},
             "speedup": dict(zip(hashes, comparison.speedups, strict=True)),
             "loadavg": list(os.getloadavg()),
         }
-        write_json_atomic(out / "results.json", state)
+        save()
+        bar.update(1)
+
+    if options["peer"] and label not in state["peers"]:
+        bar.set_description(f"{label}: onnxruntime's knobs (the tuning peer)")
+        peer = tuning_peer(original(), runner)
+        state["peers"][label] = {
+            "knob": peer.knob,
+            "speedup": peer.speedup,
+            "speedups": peer.speedups,
+            "loadavg": list(os.getloadavg()),
+        }
+        save()
+        bar.update(1)
+    elif options["peer"]:
         bar.update(1)
 
 
 def result_rows(state: dict[str, Any], options: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (model, method, level) of this run's options (rlflow.report.ROW_FIELDS)."""
+    """One row per (model, method, deploy mode) of this run's options (`ROW_FIELDS`)."""
     rows = []
-    for level in options["ort_levels"]:
+    for mode in options["deploys"]:
         for model in options["models"]:
             label = model_label(model, options["size"])
-            comparison = state["comparisons"].get(f"{label}|{level}", {})
+            comparison = state["comparisons"].get(f"{label}|{mode}", {})
+            peer = state.get("peers", {}).get(label, {})
             for method in options["methods"]:
-                cell = dict(state["cells"][f"{label}|{method.label}|{level}"])
+                cell = dict(state["cells"][f"{label}|{method.label}|{mode}"])
                 graph_hash = cell["graph_hash"]
                 measured = cell["equivalent"] and graph_hash in comparison.get("speedup", {})
-                original_hash = comparison.get("original_hash")
-                # original ms / speedup, as reported (results.json files older than the
-                # per-pair ratios compared the 3rd-smallest runs "low_ms", or the "min_ms").
-                times = comparison.get("ms", comparison.get("low_ms", comparison.get("min_ms", {})))
+                times = comparison.get("ms", {})
                 cell.update(
                     speedup=comparison["speedup"][graph_hash] if measured else None,
-                    original_ms=times.get(original_hash),
+                    original_ms=times.get("original"),
                     optimized_ms=times[graph_hash] if measured else None,
+                    peer_speedup=peer.get("speedup"),
+                    peer_knob=peer.get("knob"),
                 )
                 cell.pop("episode", None)
                 rows.append(cell)
@@ -412,13 +480,13 @@ def write_report(
              plot_learning_curves(curves, out / "learning_curves.png"))
         )  # fmt: skip
         progress = {name: read_progress(run_dir) for name, run_dir in agents.items()}
-        for level in options["ort_levels"]:
+        for mode in options["deploys"]:
             panels: dict[str, EfficiencyPanel] = {}
             for model in options["models"]:
                 label = model_label(model, options["size"])
                 panel = panels.setdefault(label, EfficiencyPanel())
                 for row in rows:
-                    if (row["model"], row["ort_level"]) != (label, level):
+                    if (row["model"], row["deploy"]) != (label, mode):
                         continue
                     if row["speedup"] is None:
                         continue
@@ -433,9 +501,9 @@ def write_report(
                     else:
                         panel.baselines[row["method"]] = row["speedup"]
             plots.append(
-                (f"Speedup against real env steps (ORT level {level})",
+                (f"Speedup against real env steps (deploy {mode})",
                  plot_speedup_vs_env_steps(
-                     panels, out / f"speedup_vs_env_steps_{level}.png", title=level))
+                     panels, out / f"speedup_vs_env_steps_{mode}.png", title=mode))
             )  # fmt: skip
     drawn = [(caption, path) for caption, path in plots if path is not None]
     loads = [c["loadavg"][0] for c in state["comparisons"].values() if "loadavg" in c]
@@ -449,8 +517,11 @@ def write_report(
         + (f", {min(loads):.2f}-{max(loads):.2f} during the comparisons" if loads else "")
         + f"; this run {wall_s:.0f} s (cells done by an earlier run are not redone).",
         "",
-        "Ratios come from one interleaved run per model and level; absolute times from "
-        "different runs are not comparable on a shared machine.",
+        "Speedups are the deployable ones: each result under the settings it declares against "
+        "the original under onnxruntime's defaults (level all), all results of a model and "
+        "deploy mode timed interleaved in one run; the tuning peer (onnxruntime's best knob on "
+        "the original) in one run per model. Absolute times from different runs are not "
+        "comparable on a shared machine.",
     ]
     text = render_report(
         rows,
@@ -463,8 +534,8 @@ def write_report(
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    """A short text table: model, method, level, speedup, wall time."""
-    print(f"{'model':<24}{'method':<20}{'ort-level':<10}{'speedup':>10}{'wall s':>9}")
+    """A short text table: model, method, deploy mode, speedup, the peer's, wall time."""
+    print(f"{'model':<24}{'method':<20}{'deploy':<10}{'speedup':>10}{'peer':>10}{'wall s':>9}")
     for row in rows:
         if not row["equivalent"]:
             speedup = "not equiv"
@@ -472,7 +543,8 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             speedup = "—"
         else:
             speedup = f"{row['speedup']:.3f}x"
+        peer = "—" if row.get("peer_speedup") is None else f"{row['peer_speedup']:.3f}x"
         print(
-            f"{row['model']:<24}{row['method']:<20}{row['ort_level']:<10}{speedup:>10}"
+            f"{row['model']:<24}{row['method']:<20}{row['deploy']:<10}{speedup:>10}{peer:>10}"
             f"{row['wall_s']:>9.1f}"
         )

@@ -48,13 +48,13 @@ def _grouped_bars(
     log: bool = False,
     label: str = "{:.2f}",
 ) -> Path | None:
-    """Bars of `row[value_key]` grouped by model, one colour per method, a panel per ORT
-    level; bars start at `origin` (1.0 for speedups: up is faster, down is slower)."""
+    """Bars of `row[value_key]` grouped by model, one colour per method, a panel per
+    deploy mode; bars start at `origin` (1.0 for speedups: up is faster, down is slower)."""
     rows = [row for row in rows if row.get(value_key) is not None]
     if not rows:
         return None
     plt = _pyplot()
-    levels, models, methods = (_ordered(rows, k) for k in ("ort_level", "model", "method"))
+    levels, models, methods = (_ordered(rows, k) for k in ("deploy", "model", "method"))
     figure, axes = plt.subplots(
         1,
         len(levels),
@@ -62,7 +62,7 @@ def _grouped_bars(
         squeeze=False,
     )
     width = 0.8 / len(methods)
-    by_key = {(row["ort_level"], row["model"], row["method"]): row for row in rows}
+    by_key = {(row["deploy"], row["model"], row["method"]): row for row in rows}
     values = [float(row[value_key]) for row in rows]
     for axis, level in zip(axes[0], levels, strict=True):
         for index, method in enumerate(methods):
@@ -83,7 +83,7 @@ def _grouped_bars(
             axis.set_yscale("log")
             axis.set_ylim(min(values) / 2, max(values) * 2)
         axis.set_xticks(range(len(models)), models, rotation=20, ha="right")
-        axis.set_title(f"ORT level {level}")
+        axis.set_title(f"deploy {level}")
         if axis is axes[0][0]:
             axis.set_ylabel(ylabel)
     axes[0][-1].legend(fontsize="small")
@@ -91,7 +91,7 @@ def _grouped_bars(
 
 
 def plot_speedup_bars(rows: Sequence[Row], path: str | os.PathLike) -> Path | None:
-    """Speedup per model (groups) and method (bars) from 1.0, one panel per ORT level."""
+    """Speedup per model (groups) and method (bars) from 1.0, one panel per deploy mode."""
     usable = [row for row in rows if row.get("equivalent", True)]
     return _grouped_bars(
         usable, "speedup", "speedup over the original (x)", path, origin=1.0, label="{:.3f}"
@@ -99,7 +99,7 @@ def plot_speedup_bars(rows: Sequence[Row], path: str | os.PathLike) -> Path | No
 
 
 def plot_wall_time(rows: Sequence[Row], path: str | os.PathLike) -> Path | None:
-    """Optimisation wall time per model and method, one panel per ORT level (log scale)."""
+    """Optimisation wall time per model and method, one panel per deploy mode (log scale)."""
     return _grouped_bars(
         rows, "wall_s", "optimisation wall time (s)", path, log=True, label="{:.1f}"
     )

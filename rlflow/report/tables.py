@@ -1,5 +1,6 @@
-"""The markdown of a benchmark report: per ORT level, tables over models (rows) and methods
-(columns) of speedup, optimisation wall time, steps, equivalence error and rules applied."""
+"""The markdown of a benchmark report: per deploy mode, tables over models (rows) and methods
+(columns) of speedup (beside the tuning peer), optimisation wall time, steps, equivalence error,
+rules applied and onnxruntime's fusions kept or dropped."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ Row = Mapping[str, Any]
 ROW_FIELDS: tuple[str, ...] = (
     "model",  # label of the model (zoo name:size or path)
     "method",  # method label (greedy, taso, random, agent:RUN_NAME)
-    "ort_level",  # onnxruntime optimisation level of the measurements
+    "deploy",  # offline (runs as written) or online (onnxruntime optimises it at load)
+    "start_state",  # where the method began (offline: original, ort:all, ...)
     "threads",  # intra-op threads of the measurements
     "equivalent",  # the result passed the equivalence check (else no speedup is reported)
-    "speedup",  # median of per-pair ratios in the model's one interleaved comparison
+    "speedup",  # over the original under ORT's defaults, in the model's interleaved comparison
+    "peer_speedup",  # the best of onnxruntime's own knobs on the original (the tuning peer)
+    "peer_knob",  # which knob that was (level, or level-PASS with that pass off)
     "original_ms",  # the original's median run in that comparison
     "optimized_ms",  # original_ms / speedup (Comparison.scaled_ms)
     "wall_s",  # the method's optimisation wall time (search or rollouts + its measurement)
@@ -23,6 +27,7 @@ ROW_FIELDS: tuple[str, ...] = (
     "env_steps",  # real env steps the agent trained with (None for searches)
     "max_abs_err",  # equivalence check: largest absolute error over outputs and seeds
     "rules_applied",  # rule name -> times applied
+    "fusions",  # onnxruntime's fusions in its all graph against the result's, per operator
 )
 """What each result row holds (a dict); `render_report` reads these keys."""
 
@@ -77,6 +82,15 @@ def _error(row: Row) -> str:
     return "—" if value is None else f"{value:.1e}"
 
 
+def _fusions(row: Row) -> str:
+    changed = [
+        f"{op} {entry['ort']}->{entry['rlflow']}"
+        for op, entry in (row.get("fusions") or {}).items()
+        if entry["dropped"] or entry["added"]
+    ]
+    return ", ".join(changed) if changed else "as onnxruntime"
+
+
 def format_rules(rules: dict[str, int] | None) -> str:
     """The three most used rules with their counts (rules come most used first), then how
     many more: enough to tell two results apart in a table cell."""
@@ -94,23 +108,34 @@ def render_report(
     preamble: Sequence[str] = (),
     plots: Sequence[tuple[str, str]] = (),
 ) -> str:
-    """The report as markdown: `preamble` lines, then per ORT level the tables, then `plots`
-    as (caption, relative PNG path) images."""
+    """The report as markdown: `preamble` lines, then per deploy mode the tables, then
+    `plots` as (caption, relative PNG path) images."""
     lines = [f"# {title}", "", *preamble, ""]
     models, methods = _ordered(rows, "model"), _ordered(rows, "method")
-    for level in _ordered(rows, "ort_level"):
-        at_level = [row for row in rows if row["ort_level"] == level]
+    for mode in _ordered(rows, "deploy"):
+        at_level = [row for row in rows if row["deploy"] == mode]
         threads = sorted({row.get("threads") for row in at_level if row.get("threads")})
         original_ms: dict[str, str] = {}
+        peers: dict[str, str] = {}
+        starts = {row["model"]: str(row.get("start_state", "—")) for row in at_level}
         for row in at_level:
             if row.get("original_ms") is not None:
                 original_ms[row["model"]] = f"{row['original_ms']:.3f}"
+            if row.get("peer_speedup") is not None:
+                peers[row["model"]] = f"{row['peer_speedup']:.3f}x ({row['peer_knob']})"
+        how = {
+            "offline": "runs as written (onnxruntime's optimiser off, declared in its "
+            "ort_config), starting from the fastest of onnxruntime's graphs",
+            "online": "is optimised again by onnxruntime when it loads",
+        }.get(mode, "")
         lines += [
-            f"## ORT level `{level}`" + (f", {threads[0]} thread(s)" if len(threads) == 1 else ""),
+            f"## Deploy `{mode}`" + (f", {threads[0]} thread(s)" if len(threads) == 1 else ""),
             "",
-            "Speedup of each method's result over the original (the median of per-pair ratios, "
-            "original run over result run), all results of a model timed interleaved in one "
-            "run; original ms is the original's median run in that run.",
+            f"Each result {how}. Speedup over the original under onnxruntime's defaults "
+            "(level all; the median of per-pair ratios), all results of a model timed "
+            "interleaved in one run; original ms is the original's median run in that run. "
+            "Tuning peer: the best of onnxruntime's own knobs on the original (its levels, "
+            "and all with each pass that changed the model off), timed in its own run.",
             "",
             *_table(
                 at_level,
@@ -118,6 +143,15 @@ def render_report(
                 methods,
                 _speedup,
                 ("original ms", lambda model, ms=original_ms: ms.get(model, "—")),
+            ),
+            "",
+            "Tuning peer and start state per model.",
+            "",
+            "| model | tuning peer | start state |",
+            "|---|---:|---|",
+            *(
+                f"| {model} | {peers.get(model, '—')} | {starts.get(model, '—')} |"
+                for model in models
             ),
             "",
             "Optimisation wall time (s): search or rollouts, plus the method's own final "
@@ -137,6 +171,10 @@ def render_report(
             "Rules applied (most used first).",
             "",
             *_table(at_level, models, methods, lambda row: format_rules(row.get("rules_applied"))),
+            "",
+            "onnxruntime's fusions (its `all` graph -> the result), where they differ.",
+            "",
+            *_table(at_level, models, methods, _fusions),
             "",
         ]
     if plots:

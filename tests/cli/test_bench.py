@@ -14,7 +14,7 @@ from rlflow.report import format_rules
 from rlflow.zoo import cached_path
 
 REPO = Path(__file__).resolve().parents[2]
-QUICK = ("--budget", "4", "--ort-levels", "all", "--min-time", "0.05")
+QUICK = ("--budget", "4", "--deploys", "offline", "--min-time", "0.05")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -31,9 +31,17 @@ def test_two_models_two_methods_report_and_plots(tmp_path, capsys):
     summary = bench(capsys, out, *args)
 
     report = (out / "report.md").read_text()
-    for needle in ("squeezenet-1.1:small", "resnet-18:small", "| greedy | taso |", "`all`"):
+    for needle in ("squeezenet-1.1:small", "resnet-18:small", "| greedy | taso |", "`offline`"):
         assert needle in report, needle
-    for heading in ("Speedup", "wall time", "Steps", "max abs error", "Rules applied"):
+    for heading in (
+        "Speedup",
+        "wall time",
+        "Steps",
+        "max abs error",
+        "Rules applied",
+        "Tuning peer",
+        "fusions",
+    ):
         assert heading in report, heading
     plots = [Path(path) for path in summary["plots"]]
     assert len(plots) >= 2
@@ -48,10 +56,15 @@ def test_two_models_two_methods_report_and_plots(tmp_path, capsys):
     }
     results = json.loads((out / "results.json").read_text())
     for row in rows:
-        assert row["equivalent"] and row["speedup"] > 0 and row["ort_level"] == "all"
+        assert row["equivalent"] and row["speedup"] > 0 and row["deploy"] == "offline"
+        assert (
+            row["peer_speedup"] > 0
+            and row["peer_knob"] in results["peers"][row["model"]]["speedups"]
+        )
+        assert row["start_state"] in results["starts"][f"{row['model']}|offline"]
         assert row["steps"] == sum(row["rules_applied"].values())
         # every result was timed in its model's one interleaved comparison
-        comparison = results["comparisons"][f"{row['model']}|all"]
+        comparison = results["comparisons"][f"{row['model']}|offline"]
         assert comparison["members"][row["method"]] == row["graph_hash"]
         written = load_model(out / row["graph_file"])
         assert written.canonical_hash() == row["graph_hash"]
@@ -86,8 +99,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "unknown method 'astar'" in one_line_error(capsys, [*base, "--methods", "astar"])
     missing_run = f"agent:{tmp_path / 'no-run'}"
     assert "no such agent run" in one_line_error(capsys, [*base, "--methods", missing_run])
-    message = one_line_error(capsys, [*base, "--methods", "greedy", "--ort-levels", "fast"])
-    assert "unknown ORT level 'fast'" in message
+    message = one_line_error(capsys, [*base, "--methods", "greedy", "--deploys", "fast"])
+    assert "unknown deploy mode 'fast'" in message
+    message = one_line_error(capsys, [*base, "--methods", "greedy", "--start", "ort:fast"])
+    assert "unknown start state 'ort:fast'" in message
     message = one_line_error(
         capsys, ["bench", "--out", str(out), "--models", str(tmp_path / "x.onnx")]
     )
@@ -103,7 +118,7 @@ def test_agent_adds_learning_curves_and_env_steps(tiny_ppo_run, tmp_path, capsys
     methods = ("greedy", f"agent:{tiny_ppo_run}")
     summary = bench(capsys, out, "--models", "squeezenet-1.1", "--methods", *methods)
     names = {Path(path).name for path in summary["plots"]}
-    assert {"speedup.png", "learning_curves.png", "speedup_vs_env_steps_all.png"} <= names
+    assert {"speedup.png", "learning_curves.png", "speedup_vs_env_steps_offline.png"} <= names
     agent = next(row for row in summary["rows"] if row["method"].startswith("agent:"))
     progress = json.loads((tiny_ppo_run / "progress.json").read_text())
     assert agent["env_steps"] == progress["global_step"] > 0
