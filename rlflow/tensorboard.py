@@ -3,7 +3,7 @@
 PPO (`rlflow train-ppo`), the world model (`rlflow train-wm`) and the dream controller
 (`rlflow train-controller`) all write their curves under their RUN_DIR. The writer opens on
 first use, so torch.utils.tensorboard (slow to import) loads only when something is written
-and the CLI starts fast; a disabled one (`enabled=False`, as tests pass) writes nothing at all.
+and the CLI starts fast.
 """
 
 from __future__ import annotations
@@ -22,19 +22,15 @@ class TensorBoard:
     what a killed run logged past its last checkpoint instead of drawing it twice.
     """
 
-    def __init__(
-        self, run_dir: str | Path, *, enabled: bool = True, purge_step: int | None = None
-    ) -> None:
-        self.run_dir, self.enabled, self.purge_step = Path(run_dir), enabled, purge_step
+    def __init__(self, run_dir: str | Path, *, purge_step: int | None = None) -> None:
+        self.run_dir, self.purge_step = Path(run_dir), purge_step
         self._writer: Any = None
 
     def scalar(self, tag: str, value: float, step: int) -> None:
-        if self.enabled:
-            self._open().add_scalar(tag, float(value), step)
+        self._open().add_scalar(tag, float(value), step)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        if self.enabled:
-            self._open().add_text(tag, text, step)
+        self._open().add_text(tag, text, step)
 
     def flush(self) -> None:
         """Write what is buffered now (e.g. with a checkpoint, so the curves match it)."""

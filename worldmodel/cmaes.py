@@ -13,31 +13,23 @@ from typing import Any
 
 import numpy as np
 
-from rlflow.worldmodel.controller import ControllerSettings, LinearController, dream_returns
-from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.controller import ControllerTrainer, LinearController, dream_returns
 
 
-class CMAESTrainer:
-    """One controller's CMA-ES at temperature tau, a generation per `step` (see
-    `rlflow.worldmodel.train_controller`, which runs it and keeps `state()` between runs)."""
+class CMAESTrainer(ControllerTrainer):
+    """One controller's CMA-ES, a generation per step."""
 
     name, unit = "CMA-ES", "gen"
     postfix = "dream return best {dream_return_best:.2f} mean {dream_return_mean:.2f}"
 
-    def __init__(
-        self,
-        world: WorldModel,
-        settings: ControllerSettings,
-        temperature: float,
-        state: dict[str, Any] | None = None,
-    ) -> None:
+    def setup(self, state: dict[str, Any] | None) -> None:
         import cma
 
-        self.world, self.settings, self.temperature = world, settings, temperature
         if state is not None:
             self.es, self.done = state["es"], state["generation"]
             np.random.set_state(state["numpy_rng"])  # cma draws from numpy's global RNG
             return
+        world, settings = self.world, self.settings
         size = LinearController.num_params(world.num_actions, world.latent + world.hidden)
         options = {
             "popsize": settings.population,
@@ -46,20 +38,16 @@ class CMAESTrainer:
             "CMA_diagonal": size > settings.diagonal_above,
         }
         self.es = cma.CMAEvolutionStrategy(np.zeros(size), settings.sigma0, options)
-        self.done = 0
 
     def step(self) -> dict[str, float]:
-        """One generation; its scalars for TensorBoard."""
-        settings = self.settings
         candidates = np.asarray(self.es.ask())
-        rng = np.random.default_rng([settings.seed, self.done, int(self.temperature * 1000)])
         fitness = dream_returns(
             self.world,
             candidates,
-            episodes=settings.rollouts,
+            episodes=self.settings.rollouts,
             temperature=self.temperature,
-            max_steps=settings.max_steps,
-            rng=rng,
+            max_steps=self.settings.max_steps,
+            rng=self.dream_rng(),
         )
         self.es.tell(list(candidates), list(-fitness))  # cma minimises
         self.done += 1
@@ -73,5 +61,5 @@ class CMAESTrainer:
         return {"es": self.es, "generation": self.done, "numpy_rng": np.random.get_state()}
 
     def params(self) -> np.ndarray:
-        """The controller: the mean of the search distribution."""
+        """The mean of the search distribution."""
         return np.asarray(self.es.result.xfavorite, dtype=np.float64)

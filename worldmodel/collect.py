@@ -85,26 +85,16 @@ def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
 class CollectSettings:
     """What defines a data directory; a rerun must give the same (except episodes, workers)."""
 
-    models: list[str]
-    """Zoo names or .onnx paths; one is drawn per episode (multi-graph)."""
-    episodes: int = 64
-    """Episodes wanted in the directory in total (finished shards count)."""
-    policy: str = "random"
-    """random | ppo:RUN_DIR | controller:RUN_DIR."""
-    size: str = "small"
-    """Zoo model size: small | full."""
-    cost: str = "analytic"
-    """Reward cost source of the env: analytic | perop | e2e | e2e-sparse."""
-    seed: int = 0
-    """Seed of shard k's env resets and action draws: (seed, k)."""
-    stop_probability: float = 0.2
-    """The random agent's chance to stop at each step (RLFlow: 0.2)."""
-    episodes_per_shard: int = 16
-    """Episodes per shard file."""
-    max_episode_steps: int = 50
-    """Truncation of an episode (the env's TimeLimit)."""
-    env: dict[str, Any] = field(default_factory=dict)
-    """Other GraphRewriteEnv keyword arguments (max_nodes, ort_level, portable, ...)."""
+    models: list[str]  # zoo names or .onnx paths; one is drawn per episode (multi-graph)
+    episodes: int = 64  # episodes wanted in the directory in total (finished shards count)
+    policy: str = "random"  # random | agent:RUN_DIR
+    size: str = "small"  # zoo model size: small | full
+    cost: str = "analytic"  # reward cost source of the env: analytic | perop | e2e | e2e-sparse
+    seed: int = 0  # seed of shard k's env resets and action draws: (seed, k)
+    stop_probability: float = 0.2  # the random agent's chance to stop at each step (RLFlow: 0.2)
+    episodes_per_shard: int = 16  # episodes per shard file
+    max_episode_steps: int = 50  # truncation of an episode (the env's TimeLimit)
+    env: dict[str, Any] = field(default_factory=dict)  # other GraphRewriteEnv arguments
 
     def identity(self) -> dict[str, Any]:
         """The settings a rerun must match to add to the same directory."""

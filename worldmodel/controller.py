@@ -9,8 +9,10 @@ acts in the real env, where a rule must become a candidate, is `rlflow.worldmode
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -142,3 +144,45 @@ def dream_returns(
         if not alive.any():
             break
     return returns.reshape(shape).mean(axis=1)
+
+
+class ControllerTrainer(ABC):
+    """The training of one controller at dream temperature tau, a generation or iteration per
+    `step`: `rlflow.worldmodel.train_controller` runs it, saves `state()` after every step and
+    hands it back to a rerun. CMA-ES (`cmaes`) and PPO (`dream_ppo`) implement it."""
+
+    name: str  # for the progress bar
+    unit: str  # what a step is called there
+    postfix: str  # the bar's postfix: a format string over the step's scalars
+
+    def __init__(
+        self,
+        world: WorldModel,
+        settings: ControllerSettings,
+        temperature: float,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.world, self.settings, self.temperature = world, settings, temperature
+        self.done = 0  # steps taken, by earlier runs too
+        self.setup(state)
+
+    def dream_rng(self) -> np.random.Generator:
+        """The draws of the next step, from (seed, step, tau): a resumed run draws what an
+        uninterrupted one would."""
+        return np.random.default_rng([self.settings.seed, self.done, int(self.temperature * 1000)])
+
+    @abstractmethod
+    def setup(self, state: dict[str, Any] | None) -> None:
+        """Start training, or resume it from a `state()` of an earlier run (sets `done`)."""
+
+    @abstractmethod
+    def step(self) -> dict[str, float]:
+        """One generation or iteration; its scalars for TensorBoard."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """All a rerun needs to continue as if never stopped."""
+
+    @abstractmethod
+    def params(self) -> np.ndarray:
+        """The controller as `LinearController` parameters."""

@@ -19,9 +19,8 @@ from torch.distributions import Categorical
 
 from rlflow.agents.update import Evaluate, Rollout, UpdateConfig, ppo_update
 from rlflow.nn import MASKED_LOGIT
-from rlflow.worldmodel.controller import ControllerSettings
+from rlflow.worldmodel.controller import ControllerTrainer
 from rlflow.worldmodel.dream import DreamBatch
-from rlflow.worldmodel.model import WorldModel
 
 
 class ActorCritic(nn.Module):
@@ -47,21 +46,14 @@ class ActorCritic(nn.Module):
         return np.concatenate([weight.reshape(-1), self.actor.bias.detach().numpy()])
 
 
-class DreamPPOTrainer:
-    """One controller's PPO at temperature tau, an iteration per `step` (see
-    `rlflow.worldmodel.train_controller`, which runs it and keeps `state()` between runs)."""
+class DreamPPOTrainer(ControllerTrainer):
+    """One controller's PPO, a rollout and update per step."""
 
     name, unit = "PPO", "iter"
     postfix = "dream return {dream_return_mean:.2f}"
 
-    def __init__(
-        self,
-        world: WorldModel,
-        settings: ControllerSettings,
-        temperature: float,
-        state: dict[str, Any] | None = None,
-    ) -> None:
-        self.world, self.settings, self.temperature = world, settings, temperature
+    def setup(self, state: dict[str, Any] | None) -> None:
+        world, settings = self.world, self.settings
         torch.manual_seed(settings.seed)
         self.agent = ActorCritic(world.latent + world.hidden, world.num_actions)
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=settings.ppo_lr)
@@ -73,16 +65,13 @@ class DreamPPOTrainer:
             ent_coef=settings.ent_coef,
             target_kl=None,
         )
-        self.done = 0
         if state is not None:
             self.agent.load_state_dict(state["agent"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.done = state["iteration"]
 
     def step(self) -> dict[str, float]:
-        """One rollout and update; its scalars for TensorBoard."""
-        settings = self.settings
-        rng = np.random.default_rng([settings.seed, self.done, int(self.temperature * 1000)])
+        rng = self.dream_rng()
         torch.manual_seed(int(rng.integers(2**31)))
         evaluate, rollout, episode_return = self._rollout(rng)
         stats = ppo_update(evaluate, rollout, self.agent, self.optimizer, self.update_config)

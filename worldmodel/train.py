@@ -44,44 +44,29 @@ from rlflow.worldmodel.vae import GraphVAE, vae_losses
 class WorldModelSettings:
     """Hyperparameters of `rlflow train-wm` (mirrored by configs/worldmodel.yaml, train_wm)."""
 
-    latent: int = 32
-    """Size of z (World Models: 32)."""
-    encoder_hidden: int = 64
-    """GraphEncoder embedding size."""
-    encoder_layers: int = 3
-    """GraphEncoder GATv2 layers."""
-    encoder_heads: int = 4
-    """GraphEncoder attention heads."""
-    decoder_hidden: int = 128
-    """Width of the VAE decoder."""
-    beta: float = 1.0
-    """Weight of the KL term."""
-    kl_tolerance: float = 0.5
-    """Free nats per latent dimension before the KL term counts (World Models: 0.5)."""
-    vae_epochs: int = 30
-    """Passes over the training observations."""
-    vae_batch: int = 64
-    """Graphs per VAE minibatch."""
-    vae_lr: float = 1e-3
-    """Adam learning rate of the VAE."""
-    rnn_hidden: int = 256
-    """LSTM size of the MDN-RNN (World Models: 256)."""
-    mixtures: int = 8
-    """Gaussians per latent dimension (World Models: 5; RLFlow: 8)."""
-    action_embedding: int = 32
-    """Size of the learned rule embedding fed to the LSTM."""
-    rnn_epochs: int = 40
-    """Passes over the training episodes."""
-    rnn_batch: int = 16
-    """Episodes per MDN-RNN minibatch."""
-    rnn_lr: float = 1e-3
-    """Adam learning rate of the MDN-RNN."""
-    grad_clip: float = 10.0
-    """Gradient-norm clip of both stages."""
-    holdout: float = 0.1
-    """Fraction of episodes held out for the wm/val_* scalars."""
-    seed: int = 0
-    """Seed of the split, the initialisations and the minibatch order."""
+    latent: int = 32  # size of z (World Models: 32)
+    encoder_hidden: int = 64  # GraphEncoder embedding size
+    encoder_layers: int = 3  # GraphEncoder GATv2 layers
+    encoder_heads: int = 4  # GraphEncoder attention heads
+    decoder_hidden: int = 128  # width of the VAE decoder
+    beta: float = 1.0  # weight of the KL term
+    kl_tolerance: float = 0.5  # free nats per latent dimension before KL counts (World Models: 0.5)
+    vae_epochs: int = 30  # passes over the training observations
+    vae_batch: int = 64  # graphs per VAE minibatch
+    vae_lr: float = 1e-3  # Adam learning rate of the VAE
+    rnn_hidden: int = 256  # LSTM size of the MDN-RNN (World Models: 256)
+    mixtures: int = 8  # Gaussians per latent dimension (World Models: 5; RLFlow: 8)
+    action_embedding: int = 32  # size of the learned rule embedding fed to the LSTM
+    rnn_epochs: int = 40  # passes over the training episodes
+    rnn_batch: int = 16  # episodes per MDN-RNN minibatch
+    rnn_lr: float = 1e-3  # Adam learning rate of the MDN-RNN
+    grad_clip: float = 10.0  # gradient-norm clip of both stages
+    holdout: float = 0.1  # fraction of episodes held out for the wm/val_* scalars
+    seed: int = 0  # seed of the split, the initialisations and the minibatch order
+
+    def validate(self) -> None:
+        if min(self.latent, self.vae_epochs, self.rnn_epochs, self.rnn_hidden) < 1:
+            raise RlflowError("latent, vae_epochs, rnn_epochs and rnn_hidden must be at least 1")
 
 
 def _generator(seed: int, stage: int, epoch: int) -> tuple[np.random.Generator, int]:
@@ -437,9 +422,9 @@ def train_world_model(
     settings: WorldModelSettings,
     *,
     progress: bool = True,
-    log: bool = True,
 ) -> dict[str, Any]:
     """V, then the latents of every observation, then M; returns the run's summary."""
+    settings.validate()
     run_dir = Path(run_dir)
     data = RolloutData.load(data_dir)
     if data.num_episodes < 2:
@@ -449,7 +434,7 @@ def train_world_model(
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     train_episodes, val_episodes = data.episodes_split(settings.holdout, settings.seed)
-    with TensorBoard(run_dir, enabled=log) as logger:
+    with TensorBoard(run_dir) as logger:
         vae = train_vae(data, run_dir, settings, train_episodes, val_episodes, logger, progress)
         latents_path = run_dir / LATENTS
         vae_epoch = int(load_checkpoint(run_dir / VAE_CHECKPOINT)["epoch"])

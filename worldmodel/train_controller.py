@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
     WORLD_BUNDLE,
     ControllerSettings,
+    ControllerTrainer,
     dream_returns,
     tau_dir,
 )
@@ -36,33 +37,11 @@ from rlflow.worldmodel.model import (
 )
 
 STATE_FILE = "state.pkl"
-
-
-class Trainer(Protocol):
-    """A controller's training at one temperature, a generation or iteration per `step`."""
-
-    name: str  # for the progress bar
-    unit: str  # what a step is called there
-    postfix: str  # the bar's postfix: a format string over the step's scalars
-    done: int  # steps taken, resumed runs included
-
-    def step(self) -> dict[str, float]: ...
-
-    def state(self) -> dict[str, Any]: ...
-
-    def params(self) -> np.ndarray: ...
-
-
-TRAINERS = {"cmaes": CMAESTrainer, "ppo": DreamPPOTrainer}
+TRAINERS: dict[str, type[ControllerTrainer]] = {"cmaes": CMAESTrainer, "ppo": DreamPPOTrainer}
 
 
 def train_controller(
-    wm_dir: str | Path,
-    run_dir: str | Path,
-    settings: ControllerSettings,
-    *,
-    progress: bool = True,
-    log: bool = True,
+    wm_dir: str | Path, run_dir: str | Path, settings: ControllerSettings, *, progress: bool = True
 ) -> dict[str, Any]:
     """Train one controller per temperature in the world model's dream; never steps a real
     env. Returns {temperature: {"dream_return": ..., "parameters": ...}} summaries."""
@@ -76,7 +55,7 @@ def train_controller(
         run_dir.mkdir(parents=True, exist_ok=True)
         world.save_bundle(bundle)
     results: dict[str, Any] = {}
-    with TensorBoard(run_dir, enabled=log) as board:
+    with TensorBoard(run_dir) as board:
         for temperature in settings.temperatures:
             out = tau_dir(run_dir, temperature)
             out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +90,7 @@ def train_at(
 
     state_path = out / STATE_FILE
     state = load_pickle(state_path, "controller state") if state_path.exists() else None
-    trainer: Trainer = TRAINERS[settings.method](world, settings, temperature, state)
+    trainer = TRAINERS[settings.method](world, settings, temperature, state)
     tag = f"controller/tau{temperature:g}"
     bar = tqdm(
         total=settings.budget,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from rlflow.commands.common import add_threads_argument, print_json, set_torch_threads
+from rlflow.commands.common import print_json
+from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = ["episodes", "policy", "size", "cost", "seed", "episodes_per_shard", "stop_probability"]
 
@@ -38,21 +39,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")
-    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
-    add_threads_argument(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.set_defaults(run=run)
+    add_common_options(parser, run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlflow.config import build, overrides, section
     from rlflow.worldmodel.collect import CollectSettings, collect
 
     started = time.perf_counter()
-    set_torch_threads(args.threads)
-    values = {**section(args.config, "collect"), **overrides(args, FLAGS), "models": args.model}
-    settings = build(CollectSettings, values, "collect settings")
+    settings = settings_from(args, CollectSettings, "collect", FLAGS, models=args.model)
     before = _finished_shards(args.out)
     manifest = collect(settings, args.out, workers=args.workers, progress=not args.quiet)
     totals = manifest["totals"]

@@ -13,9 +13,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlflow.commands.common import add_threads_argument, print_json, set_torch_threads
+from rlflow.commands.common import print_json
+from rlflow.commands.wm_settings import add_common_options, settings_from
 
-FLAGS = ["method", "generations", "population", "ppo_iterations", "temperature", "seed"]
+FLAGS = [
+    "method",
+    "generations",
+    "population",
+    "ppo_iterations",
+    "temperature",
+    "temperatures",
+    "seed",
+]
 
 
 def _temperatures(text: str) -> list[float]:
@@ -52,17 +61,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-measure", action="store_true", help="--eval-real without end-to-end timing"
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
-    add_threads_argument(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.set_defaults(run=run)
+    add_common_options(parser, run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rlflow.config import build, overrides, section, write_run_config
+    from rlflow.config import write_run_config
     from rlflow.cost.cache import write_json_atomic
     from rlflow.errors import RlflowError
     from rlflow.worldmodel.controller import ControllerSettings
@@ -70,11 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.worldmodel.train_controller import train_controller
 
     started = time.perf_counter()
-    set_torch_threads(args.threads)
-    values = {**section(args.config, "train_controller"), **overrides(args, FLAGS)}
-    if args.temperatures is not None:
-        values["temperatures"] = args.temperatures
-    settings = build(ControllerSettings, values, "train_controller settings")
+    settings = settings_from(args, ControllerSettings, "train_controller", FLAGS)
     settings.validate()
     if args.random_episodes < 0:
         raise RlflowError(f"--random-episodes must be at least 0, got {args.random_episodes}")

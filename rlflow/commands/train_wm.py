@@ -10,7 +10,8 @@ import argparse
 import time
 from pathlib import Path
 
-from rlflow.commands.common import add_threads_argument, print_json, set_torch_threads
+from rlflow.commands.common import print_json
+from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "seed"]
 
@@ -27,27 +28,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rnn-hidden", type=int, help="MDN-RNN LSTM size (256)")
     parser.add_argument("--mixtures", type=int, help="Gaussians per latent dimension (8)")
     parser.add_argument("--seed", type=int, help="seed (0)")
-    parser.add_argument("--config", metavar="FILE", help="YAML config (configs/worldmodel.yaml)")
-    add_threads_argument(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--json", action="store_true", help="print one JSON object last")
-    parser.set_defaults(run=run)
+    add_common_options(parser, run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rlflow.config import build, overrides, section, write_run_config
-    from rlflow.errors import RlflowError
+    from rlflow.config import write_run_config
     from rlflow.worldmodel.data import read_manifest
     from rlflow.worldmodel.train import WorldModelSettings, train_world_model
 
     started = time.perf_counter()
-    set_torch_threads(args.threads)
-    values = {**section(args.config, "train_wm"), **overrides(args, FLAGS)}
-    settings = build(WorldModelSettings, values, "train_wm settings")
-    if min(settings.latent, settings.vae_epochs, settings.rnn_epochs, settings.rnn_hidden) < 1:
-        raise RlflowError("latent, vae_epochs, rnn_epochs and rnn_hidden must be at least 1")
+    settings = settings_from(args, WorldModelSettings, "train_wm", FLAGS)
+    settings.validate()
     read_manifest(Path(args.data))  # a bad DATA_DIR fails before RUN_DIR is made
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
