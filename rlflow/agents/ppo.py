@@ -1,9 +1,10 @@
 """PPO over GraphRewrite-v0: the model-free X-RLflow baseline, trained across many graphs.
 
-One file, read top to bottom like CleanRL's `ppo.py`: the hyperparameters (`PPOConfig`,
-mirrored by `configs/ppo.yaml`), then `train`, which collects whole episodes with the current
-policy (a masked categorical over the env's candidates plus stop, scored by the shared GNN),
-computes GAE advantages, and takes clipped-objective minibatch steps. A run directory holds
+Read top to bottom like CleanRL's `ppo.py`: the hyperparameters (`PPOConfig`, mirrored by
+`configs/ppo.yaml`), then `train`, which collects whole episodes with the current policy (a
+masked categorical over the env's candidates plus stop, scored by the shared GNN), computes
+GAE advantages, and takes the clipped-objective minibatch steps of `rlflow.agents.update`
+(shared with the dream controller's PPO). A run directory holds
 `config.yaml`, TensorBoard event files, `progress.json` (what the sample-efficiency
 comparisons read) and `checkpoints/latest.pt`, from which a rerun continues.
 """
