@@ -51,3 +51,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 def write_json_atomic(path: str | os.PathLike, data: Any) -> Path:
     """`data` as indented, key-sorted JSON, written atomically."""
     return write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+
+
+def write_torch_atomic(path: str | os.PathLike, payload: Any) -> Path:
+    """`torch.save(payload)` written atomically (a killed run leaves the old checkpoint)."""
+    import io
+
+    import torch  # lazy: the CLI's light commands never save a checkpoint
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return write_bytes_atomic(path, buffer.getvalue())

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rlflow.errors import RlflowError, first_line
-from rlflow.fileio import write_bytes_atomic
+from rlflow.fileio import write_bytes_atomic, write_torch_atomic
 from rlflow.nn import collate_graphs, graph_to_data
 from rlflow.worldmodel.data import observation_record
 from rlflow.worldmodel.mdnrnn import MDNRNN
@@ -34,15 +34,9 @@ DYNAMICS = "cost-ratio"
 models of an older rlflow, whose M predicted the reward itself, are refused."""
 
 
-def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
-    """torch.save to a temporary file, then rename (a killed run leaves the old checkpoint)."""
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    write_bytes_atomic(Path(path), buffer.getvalue())
-
-
 def load_checkpoint(path: str | Path, what: str = "checkpoint") -> dict[str, Any]:
-    """A checkpoint saved by `save_checkpoint`; RlflowError if missing or unreadable."""
+    """A checkpoint saved by `rlflow.fileio.write_torch_atomic`; RlflowError if missing or
+    unreadable."""
     path = Path(path)
     if not path.is_file():
         raise RlflowError(f"{what} {path} is missing")
@@ -183,7 +177,7 @@ class WorldModel:
         return cls(vae, rnn, meta, start)
 
     def save_bundle(self, path: str | Path) -> None:
-        save_checkpoint(
+        write_torch_atomic(
             path,
             {
                 "vae": {"kwargs": self.vae_kwargs, "model": self.vae.state_dict()},

@@ -21,6 +21,7 @@ from torch_geometric.data import Batch
 
 from rlflow.cost.cache import write_json_atomic
 from rlflow.errors import RlflowError
+from rlflow.fileio import write_torch_atomic
 from rlflow.nn import graph_to_data
 from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.data import RolloutData
@@ -34,7 +35,6 @@ from rlflow.worldmodel.model import (
     VAE_CHECKPOINT,
     load_checkpoint,
     load_npz,
-    save_checkpoint,
     save_npz,
 )
 from rlflow.worldmodel.vae import GraphVAE, vae_losses
@@ -222,7 +222,7 @@ def train_vae(
         if len(val_obs):
             logger.scalar("wm/val_recon", val["recon"], epoch)
             logger.scalar("wm/val_kl", val["kl"], epoch)
-        save_checkpoint(
+        write_torch_atomic(
             path,
             {
                 "epoch": epoch,
@@ -393,7 +393,7 @@ def train_rnn(
             logger.scalar(f"wm/{key}", train[key], epoch)
             if len(val_episodes):
                 logger.scalar(f"wm/val_{key}", val[key], epoch)
-        save_checkpoint(
+        write_torch_atomic(
             path,
             {
                 "epoch": epoch,

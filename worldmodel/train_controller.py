@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlflow.fileio import write_torch_atomic
 from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.cmaes import CMAESTrainer
 from rlflow.worldmodel.controller import (
@@ -32,7 +33,6 @@ from rlflow.worldmodel.model import (
     WorldModel,
     load_checkpoint,
     load_pickle,
-    save_checkpoint,
     save_pickle,
 )
 
@@ -67,7 +67,7 @@ def train_controller(
                     done = None  # more training asked for: continue from state.pkl
             if done is None:
                 done = train_at(world, out, settings, temperature, board, progress)
-                save_checkpoint(checkpoint_path, done)
+                write_torch_atomic(checkpoint_path, done)
             results[f"{temperature:g}"] = {
                 "temperature": temperature,
                 "dream_return": float(done["dream_return"]),

@@ -12,7 +12,6 @@ comparisons read) and `checkpoints/latest.pt`, from which a rerun continues.
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import random
 import sys
@@ -34,7 +33,7 @@ from rlflow.cost.cache import read_json, write_json_atomic
 from rlflow.envs import GRAPH_REWRITE_ID
 from rlflow.envs.graph_rewrite import GraphRewriteEnv
 from rlflow.errors import RlflowError, first_line
-from rlflow.fileio import write_bytes_atomic
+from rlflow.fileio import write_torch_atomic
 from rlflow.nn import (
     SCORER_MODES,
     CandidateScorer,
@@ -169,13 +168,6 @@ def make_scorer(config: PPOConfig, num_rules: int) -> CandidateScorer:
 
 
 # ---- checkpoints ---------------------------------------------------------------------------
-
-
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """torch.save into memory, then an atomic write: never half a checkpoint."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_bytes_atomic(path, buffer.getvalue())
 
 
 def load_checkpoint(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -439,7 +431,7 @@ def train(
             wall_s=wall_s,
         )
         write_json_atomic(run_dir / "progress.json", progress_log)
-        save_checkpoint(
+        write_torch_atomic(
             checkpoint_path,
             {
                 "kind": "ppo",
