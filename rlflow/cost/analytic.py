@@ -9,8 +9,18 @@ Roofline time of a node = max(flops / peak FLOP/s, bytes / peak bandwidth), with
 this machine measured once through onnxruntime (see peaks.py); an operator whose bytes fit in
 the last-level cache is charged the in-cache bandwidth, others DRAM bandwidth. Operators
 that only relabel a buffer (Reshape, Squeeze, Identity, ...) cost nothing: an executor can
-alias them. An operator we have no formula for moves its inputs and outputs once and does no
-arithmetic.
+alias them; pure data movement (Transpose, Concat, ReorderInput, ...) moves its inputs and
+outputs once and does no arithmetic.
+
+onnxruntime's own operators, which its optimised graphs hold and offline mode runs as written,
+share the formula of the operator they generalise, so formulas go by operator type, whatever
+the domain: FusedConv and the nchwc Conv are a Conv plus their fused activation and optional
+Sum input (an nchwc Conv's shapes are its blocked ones, channels padded to the block, so the
+padding's work is counted as the kernel does it); FusedMatMul a MatMul with its transposes and
+scale; the nchwc pools the pools; SkipLayerNormalization a LayerNormalization of a sum.
+
+An operator with no formula (`has_formula` says which) is priced as data movement and named in
+`AnalyticReport.unmodelled`, so that a gap in the formulas shows rather than hides.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import helper
@@ -48,6 +58,8 @@ class AnalyticReport:
     bytes: float
     floor_ms: float
     ms_by_op: dict[str, float]
+    unmodelled: dict[str, int] = field(default_factory=dict)
+    """Nodes per operator type that no formula covers (priced as data movement)."""
 
 
 # fmt: off
@@ -59,9 +71,11 @@ _UNARY_FLOPS = {
     "LeakyRelu": 2, "Clip": 2, "PRelu": 2, "ThresholdedRelu": 1, "HardSigmoid": 3,
     "HardSwish": 4, "Sigmoid": 4, "Exp": 4, "Log": 4, "Elu": 4, "Selu": 4, "Celu": 4,
     "Softplus": 5, "Softsign": 3, "Tanh": 5, "Erf": 5, "Sin": 5, "Cos": 5, "Tan": 5,
-    "Atan": 5, "Asin": 5, "Acos": 5, "Sinh": 5, "Cosh": 5, "Mish": 10, "Gelu": 8,
-    "FastGelu": 8, "BiasGelu": 9, "QuickGelu": 5,
+    "Atan": 5, "Asin": 5, "Acos": 5, "Sinh": 5, "Cosh": 5, "Mish": 10, "QuickGelu": 6,
 }
+# GELU per element: x/2 * (1 + erf(x / sqrt 2)), or its tanh form (FastGelu, Gelu with
+# approximate="tanh") x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))).
+_GELU_FLOPS = {"none": 9, "tanh": 12}
 _BINARY_FLOPS = {
     "Add": 1, "Sub": 1, "Mul": 1, "Div": 1, "Max": 1, "Min": 1, "Sum": 1, "Mean": 1,
     "Equal": 1, "Less": 1, "LessOrEqual": 1, "Greater": 1, "GreaterOrEqual": 1, "And": 1,
@@ -70,7 +84,7 @@ _BINARY_FLOPS = {
 _VARIADIC = frozenset({"Sum", "Mean", "Max", "Min"})
 _NORM_FLOPS = {  # per element: statistics, normalise, scale and shift
     "BatchNormalization": 2, "LayerNormalization": 8, "SimplifiedLayerNormalization": 6,
-    "SkipLayerNormalization": 9, "InstanceNormalization": 8, "GroupNormalization": 8,
+    "InstanceNormalization": 8, "GroupNormalization": 8,
     "LpNormalization": 3, "MeanVarianceNormalization": 8, "LRN": 8,
     "Softmax": 5, "LogSoftmax": 6, "Hardmax": 2,
 }
@@ -80,17 +94,27 @@ _REDUCE_FLOPS = {  # per input element
     "ReduceLogSumExp": 5, "GlobalAveragePool": 1, "GlobalMaxPool": 1, "GlobalLpPool": 2,
     "ArgMax": 1, "ArgMin": 1, "TopK": 2, "CumSum": 1,
 }
-# Operators that relabel their input's buffer; an executor can run them in place.
-_ALIASES = frozenset({
+# Operators that relabel their input's buffer: onnxruntime runs them in place inside a graph.
+ALIASES = frozenset({
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Shape", "Size",
     "Constant", "Optional", "OptionalGetElement",
 })
 # Operators that read only as much input as they write: the rest of the input is untouched.
 _PARTIAL_READS = frozenset({"Slice", "Gather", "GatherElements", "GatherND", "Compress"})
-# Attributes a node's cost depends on beyond its shapes, per operator type.
+# Operators that only move data: no arithmetic, their inputs read and outputs written once
+# (ReorderInput/ReorderOutput convert to and from the NCHWc blocked layout; a ReorderOutput
+# reads whole blocks, padding included, since a block of one pixel shares its cache lines).
+_DATA_MOVEMENT = _PARTIAL_READS | {
+    "Transpose", "Concat", "Split", "Pad", "Tile", "Expand", "DepthToSpace", "SpaceToDepth",
+    "ReorderInput", "ReorderOutput", "ScatterND", "ScatterElements",
+}
+# Attributes a node's cost depends on beyond its shapes, per operator type. A Conv's
+# `activation` is the nchwc Conv's fused one (a standard Conv has none).
 _COST_ATTRS = {
     "MaxPool": ("kernel_shape",), "AveragePool": ("kernel_shape",), "LpPool": ("kernel_shape",),
-    "Gemm": ("transA",), "Einsum": ("equation",),
+    "Gemm": ("transA", "alpha", "beta"), "FusedGemm": ("transA", "alpha", "beta", "activation"),
+    "FusedMatMul": ("transA", "transBatchA", "alpha"), "Conv": ("activation",),
+    "FusedConv": ("activation",), "Gelu": ("approximate",), "Einsum": ("equation",),
 }
 # fmt: on
 
@@ -111,35 +135,81 @@ def _nbytes(tensors: tuple[Tensor, ...]) -> int:
     return sum(_numel(t[0]) * _itemsize(t[1]) for t in tensors if t is not None)
 
 
+def _present(ins: tuple[Tensor, ...], slot: int) -> bool:
+    return len(ins) > slot and ins[slot] is not None
+
+
+def _scales(factor: object) -> bool:
+    """Whether an alpha or beta attribute multiplies (absent means 1)."""
+    return factor is not None and factor != 1.0
+
+
+def _activation(outs: tuple[Tensor, ...], attrs: dict) -> float:
+    """The fused activation of a FusedConv, nchwc Conv or FusedGemm, over its output (an
+    activation we have no count for is charged one FLOP an element)."""
+    name = attrs.get("activation")
+    return _UNARY_FLOPS.get(name, 1) * _numel(outs[0][0]) if name else 0.0
+
+
 def _matmul(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
+    # K is A's last dim, or with FusedMatMul's transA the one it is swapped with: the second
+    # to last, or with transBatchA (A's first dim moved behind its batch dims) the first.
     a_shape = ins[0][0]
-    return 2.0 * _numel(outs[0][0]) * (a_shape[-1] if a_shape else 1)
+    if not a_shape:
+        k = 1
+    elif not attrs.get("transA"):
+        k = a_shape[-1]
+    else:
+        k = a_shape[0] if attrs.get("transBatchA") else a_shape[-2]
+    out = _numel(outs[0][0])
+    return 2.0 * out * k + (out if _scales(attrs.get("alpha")) else 0)
 
 
 def _gemm(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
     a_shape = ins[0][0]
     k = a_shape[0] if attrs.get("transA") else a_shape[-1]
-    bias = _numel(outs[0][0]) if len(ins) > 2 and ins[2] is not None else 0
-    return 2.0 * _numel(outs[0][0]) * k + bias
+    out = _numel(outs[0][0])
+    scale = out if _scales(attrs.get("alpha")) else 0
+    bias = out * (1 + _scales(attrs.get("beta"))) if _present(ins, 2) else 0
+    return 2.0 * out * k + scale + bias + _activation(outs, attrs)
 
 
 def _conv(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
     # W is (M, C/group, k...): each output element is a dot product over C/group * k... taps,
-    # so grouped and depthwise convolutions need no special case.
+    # so grouped and depthwise convolutions need no special case. A fourth input is the Sum
+    # (nchwc Conv) or Z (FusedConv) added to the result, e.g. a residual.
+    out = _numel(outs[0][0])
     taps = _numel(ins[1][0][1:])
-    bias = _numel(outs[0][0]) if len(ins) > 2 and ins[2] is not None else 0
-    return 2.0 * _numel(outs[0][0]) * taps + bias
+    added = out * (_present(ins, 2) + _present(ins, 3))
+    return 2.0 * out * taps + added + _activation(outs, attrs)
 
 
 def _conv_transpose(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
     # W is (C, M/group, k...): every input element scatters into M/group * k... outputs.
-    bias = _numel(outs[0][0]) if len(ins) > 2 and ins[2] is not None else 0
+    bias = _numel(outs[0][0]) if _present(ins, 2) else 0
     return 2.0 * _numel(ins[0][0]) * _numel(ins[1][0][1:]) + bias
 
 
 def _pool(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
     kernel = attrs.get("kernel_shape") or ()
     return float(_numel(outs[0][0]) * _numel(tuple(kernel)))
+
+
+def _gelu(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
+    # Gelu (com.microsoft's, or ONNX's with `approximate`) and BiasGelu, whose second input is
+    # a bias added first.
+    per_element = _GELU_FLOPS[attrs.get("approximate") or "none"] + _present(ins, 1)
+    return float(per_element * _numel(outs[0][0]))
+
+
+def _fast_gelu(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
+    return float((_GELU_FLOPS["tanh"] + _present(ins, 1)) * _numel(outs[0][0]))
+
+
+def _skip_layer_norm(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
+    # LayerNormalization of input + skip (+ bias, the optional fifth input).
+    per_element = _NORM_FLOPS["LayerNormalization"] + 1 + _present(ins, 4)
+    return float(per_element * _numel(ins[0][0]))
 
 
 def _einsum(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
@@ -157,10 +227,29 @@ def _einsum(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> f
 # fmt: off
 _FLOP_FORMULAS: dict[str, Callable[[tuple[Tensor, ...], tuple[Tensor, ...], dict], float]] = {
     "MatMul": _matmul, "MatMulInteger": _matmul, "FusedMatMul": _matmul, "Gemm": _gemm,
-    "Conv": _conv, "ConvInteger": _conv, "FusedConv": _conv, "ConvTranspose": _conv_transpose,
-    "MaxPool": _pool, "AveragePool": _pool, "LpPool": _pool, "Einsum": _einsum,
+    "FusedGemm": _gemm, "Conv": _conv, "ConvInteger": _conv, "FusedConv": _conv,
+    "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool, "LpPool": _pool,
+    "Einsum": _einsum, "Gelu": _gelu, "BiasGelu": _gelu, "FastGelu": _fast_gelu,
+    "SkipLayerNormalization": _skip_layer_norm,
 }
 # fmt: on
+
+
+_MODELLED = frozenset().union(
+    ALIASES,
+    _DATA_MOVEMENT,
+    _FLOP_FORMULAS,
+    _UNARY_FLOPS,
+    _BINARY_FLOPS,
+    _NORM_FLOPS,
+    _REDUCE_FLOPS,
+)
+
+
+def has_formula(op_type: str) -> bool:
+    """Whether `op_type` is priced by a formula of its own (data movement and aliases count),
+    rather than by the generic fallback for operators we know nothing about."""
+    return op_type in _MODELLED
 
 
 @functools.lru_cache(maxsize=65536)
@@ -178,7 +267,7 @@ def op_cost(
         outputs: the same for the outputs.
         attrs: (name, value) of the attributes listed in _COST_ATTRS for this op_type.
     """
-    if op_type in _ALIASES:
+    if op_type in ALIASES:
         return OpCost(0.0, 0.0)
     present_outputs = tuple(t for t in outputs if t is not None)
     out_elements = sum(_numel(t[0]) for t in present_outputs)
@@ -196,7 +285,7 @@ def op_cost(
     elif op_type in _REDUCE_FLOPS:
         flops = _REDUCE_FLOPS[op_type] * _numel(inputs[0][0]) if inputs[0] else 0.0
     else:
-        flops = 0.0  # data movement (Transpose, Concat, Pad, ...) or an op we have no formula for
+        flops = 0.0  # data movement, or an operator without a formula (see has_formula)
     if op_type in _PARTIAL_READS:
         # Read what is written, plus the small index/start tensors.
         moved = 2.0 * _nbytes(present_outputs) + _nbytes(inputs[1:])
@@ -260,7 +349,7 @@ class AnalyticCostModel:
         in_cache = cost.bytes <= self.peaks.cache_bytes
         byte_ms = self._cache_byte_ms if in_cache else self._byte_ms
         time_ms = max(cost.flops * self._flop_ms, cost.bytes * byte_ms)
-        if self.overhead_ms and op_type not in _ALIASES:
+        if self.overhead_ms and op_type not in ALIASES:
             time_ms += self.overhead_ms
         return time_ms
 
@@ -280,12 +369,15 @@ class AnalyticCostModel:
         graph = _as_graph(model)
         flops = moved = floor = 0.0
         by_op: dict[str, float] = {}
+        unmodelled: dict[str, int] = {}
         for node in graph.nodes:
             cost = self.node_cost(graph, node)
             time_ms = self.op_time_ms(cost, node.op_type)
             flops, moved, floor = flops + cost.flops, moved + cost.bytes, floor + time_ms
             by_op[node.op_type] = by_op.get(node.op_type, 0.0) + time_ms
-        return AnalyticReport(flops, moved, floor, by_op)
+            if not has_formula(node.op_type):
+                unmodelled[node.op_type] = unmodelled.get(node.op_type, 0) + 1
+        return AnalyticReport(flops, moved, floor, by_op, unmodelled)
 
 
 def _as_graph(model: ModelLike) -> Graph:

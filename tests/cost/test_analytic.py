@@ -8,7 +8,8 @@ from onnx import TensorProto, helper
 
 from rlflow.cost import AnalyticCostModel, MachinePeaks, OrtSettings, machine_peaks, op_cost
 from rlflow.cost import peaks as peaks_module
-from rlflow.graph import load_model
+from rlflow.cost.analytic import has_formula
+from rlflow.graph import Graph, Node, Value, load_model
 
 F = TensorProto.FLOAT
 PEAKS = MachinePeaks(gflops=100.0, gbps=10.0)
@@ -123,3 +124,101 @@ def test_machine_peaks_are_measured_once_and_cached_on_disk(cache_dir, monkeypat
     slow = MachinePeaks(gflops=1.0, gbps=1.0, cache_gbps=1.0, cache_bytes=measured.cache_bytes)
     monkeypatch.setattr(peaks_module, "measure_peaks", lambda _settings: slow)
     assert machine_peaks(settings, refresh=True) == measured
+
+
+# ---- onnxruntime's own operators, as its optimised graphs hold them ---------------------------
+
+
+def _relu_flops(*shape: int) -> float:
+    return op_cost("Relu", (t(*shape),), (t(*shape),)).flops
+
+
+def test_fused_conv_is_the_conv_plus_its_activation_and_sum():
+    x, w, b, y = t(1, 24, 14, 14), t(24, 24, 3, 3), t(24), t(1, 24, 14, 14)
+    conv = op_cost("Conv", (x, w, b), (y,))
+    fused = op_cost("FusedConv", (x, w, b), (y,), (("activation", "Relu"),))
+    assert fused.flops == conv.flops + _relu_flops(1, 24, 14, 14)
+    with_sum = op_cost("FusedConv", (x, w, b, y), (y,), (("activation", "Relu"),))
+    add = op_cost("Add", (y, y), (y,))
+    assert with_sum.flops == fused.flops + add.flops
+    assert with_sum.bytes == fused.bytes + 4 * 24 * 14 * 14  # the Sum input is read too
+    sigmoid = op_cost("FusedConv", (x, w, b), (y,), (("activation", "Sigmoid"),))
+    assert sigmoid.flops > fused.flops  # the activation's own count
+
+
+@pytest.mark.parametrize("blocked_input", [False, True])
+def test_nchwc_conv_counts_the_padded_channels(blocked_input):
+    """24 channels padded to 32 (block 16): the blocked Conv does the padding's work too, but
+    stays within the padding's factor of the plain Conv."""
+    plain = op_cost("Conv", (t(1, 24, 14, 14), t(24, 24, 3, 3), t(24)), (t(1, 24, 14, 14),))
+    channels_in = 32 if blocked_input else 24  # a Conv may read NCHW and write blocked
+    x, w = t(1, channels_in, 14, 14), t(32, channels_in, 3, 3)
+    y = t(1, 32, 14, 14)
+    blocked = op_cost("Conv", (x, w, t(32)), (y,), (("activation", "Relu"),))
+    padding = (32 / 24) ** (2 if blocked_input else 1)
+    assert plain.flops < blocked.flops <= 1.01 * padding * plain.flops
+    assert blocked.flops == op_cost("Conv", (x, w, t(32)), (y,)).flops + _relu_flops(1, 32, 14, 14)
+    with_sum = op_cost("Conv", (x, w, t(32), y), (y,), (("activation", "Relu"),))
+    assert with_sum.flops == blocked.flops + 32 * 14 * 14
+
+
+def test_nchwc_pools_and_reorders():
+    pool = op_cost("MaxPool", (t(1, 16, 8, 8),), (t(1, 16, 4, 4),), (("kernel_shape", (3, 3)),))
+    assert pool.flops == 16 * 4 * 4 * 9
+    mean = op_cost("GlobalAveragePool", (t(1, 16, 8, 8),), (t(1, 16, 1, 1),))
+    assert mean.flops == 16 * 8 * 8
+    for op_type, inputs, outputs in [
+        ("ReorderInput", (t(1, 24, 8, 8),), (t(1, 32, 8, 8),)),
+        ("ReorderOutput", (t(1, 32, 8, 8),), (t(1, 24, 8, 8),)),
+    ]:
+        cost = op_cost(op_type, inputs, outputs)
+        assert cost.flops == 0 and cost.bytes == 4 * (24 + 32) * 8 * 8  # pure data movement
+        assert has_formula(op_type)
+
+
+def test_fused_matmul_transposes_scale_and_batch():
+    a, b, y = t(2, 4, 16, 8), t(2, 4, 8, 5), t(2, 4, 16, 5)
+    assert op_cost("FusedMatMul", (a, b), (y,)).flops == op_cost("MatMul", (a, b), (y,)).flops
+    scaled = op_cost("FusedMatMul", (a, b), (y,), (("transA", 0), ("alpha", 0.125)))
+    assert scaled.flops == 2 * 2 * 4 * 16 * 5 * 8 + 2 * 4 * 16 * 5  # the scale: one a result
+    # transA: A is (2, 4, K=8, M=16); transBatchA too: A is (K=8, 2, 4, M=16).
+    for a_shape, trans_batch in [((2, 4, 8, 16), 0), ((8, 2, 4, 16), 1)]:
+        attrs = (("transA", 1), ("transBatchA", trans_batch), ("alpha", 1.0))
+        cost = op_cost("FusedMatMul", (t(*a_shape), b), (y,), attrs)
+        assert cost.flops == 2 * 2 * 4 * 16 * 5 * 8
+
+
+def test_gemm_alpha_beta():
+    a, b, c, y = t(32, 64), t(64, 16), t(16), t(32, 16)
+    plain = op_cost("Gemm", (a, b, c), (y,), (("transA", 0),))
+    scaled = op_cost("Gemm", (a, b, c), (y,), (("transA", 0), ("alpha", 0.5), ("beta", 2.0)))
+    assert scaled.flops == plain.flops + 2 * 32 * 16
+    transposed = op_cost("Gemm", (t(64, 32), b, c), (y,), (("transA", 1),))
+    assert transposed.flops == plain.flops
+
+
+def test_layer_norms_and_gelus():
+    x, gamma = t(1, 16, 32), t(32)
+    layer_norm = op_cost("LayerNormalization", (x, gamma, gamma), (x,))
+    add = op_cost("Add", (x, x), (x,))
+    assert layer_norm.flops == 8 * 16 * 32
+    skip = op_cost("SkipLayerNormalization", (x, x, gamma, gamma), (x,))
+    assert skip.flops == layer_norm.flops + add.flops
+    with_bias = op_cost("SkipLayerNormalization", (x, x, gamma, gamma, gamma), (x,))
+    assert with_bias.flops == skip.flops + add.flops
+    gelu = op_cost("Gelu", (x,), (x,))
+    bias_gelu = op_cost("BiasGelu", (x, gamma), (x,))
+    assert bias_gelu.flops == gelu.flops + add.flops
+    fast = op_cost("FastGelu", (x,), (x,))
+    assert fast.flops == op_cost("Gelu", (x,), (x,), (("approximate", "tanh"),)).flops
+    assert op_cost("FastGelu", (x, gamma), (x,)).flops == fast.flops + add.flops
+    assert 0 < gelu.flops < fast.flops  # erf is one transcendental, the tanh form adds a cube
+
+
+def test_unknown_ops_are_named_in_the_report():
+    values = {name: Value(name, F, (16, 16)) for name in ("x", "h", "y")}
+    nodes = [Node("Frobnicate", ["x"], ["h"], domain="example.custom"), Node("Relu", ["h"], ["y"])]
+    graph = Graph(nodes, [values["x"]], [values["y"]], {}, values, {"": 17, "example.custom": 1})
+    report = AnalyticCostModel(PEAKS).report(graph)
+    assert report.unmodelled == {"Frobnicate": 1}
+    assert report.ms_by_op["Frobnicate"] > 0  # priced as data movement
