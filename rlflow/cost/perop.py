@@ -14,8 +14,21 @@ the indexed axis) and shape inputs derivable from the node's static output shape
 
 Each timing includes onnxruntime's fixed per-run cost, which a whole graph pays once; so that
 cost is measured on a trivial model and taken off every operator, and added once per graph.
+Operators that only relabel a buffer (Reshape, Flatten, Squeeze, ...) are not timed: inside a
+graph onnxruntime runs them in place (30 Reshapes of 4 MB between two Relus added 9 us to the
+graph here, where each alone copies its 4 MB), so they cost nothing beyond the overhead.
 An operator that cannot be run alone is priced by the analytic model and counted as a
 fallback, never an error.
+
+Operators are timed at the level their graph runs at: the one it declares (`ort_config`; an
+offline model, e.g. one of onnxruntime's optimised start states, the optimiser off), else the
+model's settings, as the Runner does. At level `all` onnxruntime would optimise a one-node
+model again (a lone Conv becomes ReorderInput, nchwc Conv, ReorderOutput) and time something
+the offline graph never runs. onnxruntime's own operators (com.microsoft, and the blocked
+com.microsoft.nchwc ones) get their real attributes and the shapes the graph records, which
+for blocked tensors are the blocked ones (channels padded to the block) that onnxruntime
+itself reported; a one-node model whose outputs come out in other shapes than the graph's is
+not timed (it would run another computation) but counted as a fallback, with the reason.
 """
 
 from __future__ import annotations
@@ -29,16 +42,18 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from rlflow.cost.analytic import AnalyticCostModel
+from rlflow.cost.analytic import ALIASES, AnalyticCostModel
 from rlflow.cost.cache import cache_dir
+from rlflow.cost.deploy import declared_settings
 from rlflow.cost.inputs import int_range, random_tensor
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, TensorSpec, max_ort_ir_version
 from rlflow.errors import first_line
 from rlflow.graph import Graph, Node, load_model
-from rlflow.graph.domains import opset_for
+from rlflow.graph.domains import is_standard, opset_for
 from rlflow.graph.hashing import digest
 
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
@@ -81,6 +96,10 @@ class PerOpReport:
     """Distinct signatures measured during this call (0 when everything was cached)."""
     fallback_nodes: int
     """Nodes priced by the analytic model because they could not be run alone."""
+    in_place_nodes: int
+    """Nodes that only relabel a buffer (Reshape, ...): run in place in a graph, priced 0."""
+    ort_level: str
+    """The level the operators were timed at (the graph's declared one, else the model's)."""
     ms_by_op: dict[str, float] = field(default_factory=dict)
     fallback_reasons: dict[str, str] = field(default_factory=dict)
     """One reason per operator type that fell back."""
@@ -90,7 +109,8 @@ class PerOpCostModel:
     """Measured per-operator costs, cached on disk by node signature and settings.
 
     Args:
-        settings: onnxruntime settings every operator is timed under (part of the cache key).
+        settings: onnxruntime settings operators are timed under (part of the cache key),
+            unless their graph declares its own level (see the module docstring).
         cache_path: the sqlite file; default `perop.sqlite` in the cache directory.
         runs: timed runs per operator (the minimum is kept), after `warmup` untimed ones.
         analytic: the fallback for operators that cannot run alone (made on first need).
@@ -111,8 +131,8 @@ class PerOpCostModel:
         self._analytic = analytic
         self._db = _open_db(self.cache_path)
         self._memory: dict[str, tuple[float | None, str]] = {}
-        self._settings_key = f"{self.settings.key()},runs={runs},warmup={warmup}"
-        self._overhead_ms: float | None = None
+        self._settings_keys: dict[OrtSettings, str] = {}
+        self._overheads: dict[OrtSettings, float] = {}
         self.measured_ops = 0
         """One-node measurements made by this object (a fully cached pass adds none)."""
         self.fallback_nodes = 0
@@ -124,80 +144,111 @@ class PerOpCostModel:
         """The graph's per-op cost in ms."""
         return self.report(model).total_ms
 
+    def settings_for(self, graph: Graph) -> OrtSettings:
+        """The settings `graph`'s operators are timed under: those it declares, else ours."""
+        return declared_settings(graph.metadata, self.settings).resolved()
+
     def report(self, model: ModelLike) -> PerOpReport:
         """The graph's per-op cost with its breakdown by operator type and its fallbacks."""
         graph = model if isinstance(model, Graph) else load_model(model)
+        settings = self.settings_for(graph)
         measured_before = self.measured_ops
-        overhead = self.overhead_ms()
+        overhead = self.overhead_ms(settings)
         total = overhead
         by_op: Counter[str] = Counter()
         reasons: dict[str, str] = {}
-        fallbacks = 0
+        fallbacks = in_place = 0
         for node in graph.nodes:
-            raw_ms, error = self._raw_ms(graph, node)
-            if raw_ms is None:
+            node_ms, error = self._node_ms(graph, node, settings)
+            if error is not None:
                 fallbacks += 1
                 reasons.setdefault(node.op_type, error)
-                node_ms = self._fallback().node_time_ms(graph, node)
-            else:
-                node_ms = max(raw_ms - overhead, 0.0)
+            in_place += runs_in_place(node)
             total += node_ms
             by_op[node.op_type] += node_ms
-        self.fallback_nodes += fallbacks
         return PerOpReport(
             total_ms=total,
             overhead_ms=overhead,
             measured_now=self.measured_ops - measured_before,
             fallback_nodes=fallbacks,
+            in_place_nodes=in_place,
+            ort_level=settings.ort_level,
             ms_by_op=dict(by_op),
             fallback_reasons=reasons,
         )
 
     def node_cost_ms(self, graph: Graph, node: Node) -> float:
         """One node's cost, net of the per-run overhead (analytic if it cannot run alone)."""
-        raw_ms, _ = self._raw_ms(graph, node)
-        if raw_ms is None:
-            self.fallback_nodes += 1
-            return self._fallback().node_time_ms(graph, node)
-        return max(raw_ms - self.overhead_ms(), 0.0)
+        return self._node_ms(graph, node, self.settings_for(graph))[0]
 
-    def overhead_ms(self) -> float:
-        """onnxruntime's time for one run of a trivial model (cached like an operator)."""
-        if self._overhead_ms is None:
-            key = digest("overhead", self._settings_key).hex()
+    def overhead_ms(self, settings: OrtSettings | None = None) -> float:
+        """onnxruntime's time for one run of a trivial model under `settings` (default ours),
+        cached like an operator."""
+        settings = settings or self.settings
+        if settings not in self._overheads:
+            key = digest("overhead", self._settings_key(settings)).hex()
             cached = self._lookup(key)
             if cached is None:
                 model, feeds = _trivial_model()
                 # More runs than an operator gets: this number is subtracted from every one.
-                ms = self._time(model, feeds, runs=max(50, 5 * self.runs))
-                self._save(key, "(overhead)", ms, "")
+                ms = self._time(model, feeds, settings, runs=max(50, 5 * self.runs))
+                self._save(key, "(overhead)", settings, ms, "")
                 cached = (ms, "")
-            self._overhead_ms = cached[0] or 0.0
-        return self._overhead_ms
+            self._overheads[settings] = cached[0] or 0.0
+        return self._overheads[settings]
 
     def close(self) -> None:
         self._db.close()
 
     # ---- measuring --------------------------------------------------------------------------
 
-    def _raw_ms(self, graph: Graph, node: Node) -> tuple[float | None, str]:
+    def _node_ms(self, graph: Graph, node: Node, settings: OrtSettings) -> tuple[float, str | None]:
+        """(ms, None) for a node timed alone (net of the overhead) or run in place (0); for a
+        fallback, (its analytic time, why it could not run alone)."""
+        if runs_in_place(node):
+            return 0.0, None
+        raw_ms, error = self._raw_ms(graph, node, settings)
+        if raw_ms is None:
+            self.fallback_nodes += 1
+            return self._fallback().node_time_ms(graph, node), error
+        return max(raw_ms - self.overhead_ms(settings), 0.0), None
+
+    def _settings_key(self, settings: OrtSettings) -> str:
+        if settings not in self._settings_keys:
+            key = f"{settings.key()},runs={self.runs},warmup={self.warmup}"
+            self._settings_keys[settings] = key
+        return self._settings_keys[settings]
+
+    def _raw_ms(self, graph: Graph, node: Node, settings: OrtSettings) -> tuple[float | None, str]:
         """(time of the one-node model in ms or None, why not) for the node's signature."""
-        key = node_key(graph, node, self._settings_key)
+        key = node_key(graph, node, self._settings_key(settings))
         cached = self._lookup(key)
         if cached is not None:
             return cached
         self.measured_ops += 1
         try:
             model, feeds = one_node_model(graph, node)
-            ms: float | None = self._time(model, feeds, runs=self.runs)
+            shapes = {out.name: graph.values[out.name].shape for out in model.graph.output}
+            ms: float | None = self._time(model, feeds, settings, self.runs, shapes)
             error = ""
         except Exception as failure:  # any failure to build or run means "cannot run alone"
             ms, error = None, first_line(failure)
-        self._save(key, node.op_type, ms, error)
+        self._save(key, node.op_type, settings, ms, error)
         return ms, error
 
-    def _time(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], runs: int) -> float:
-        run = timed_run(make_session(model.SerializeToString(), self.settings), feeds)
+    def _time(
+        self,
+        model: onnx.ModelProto,
+        feeds: dict[str, np.ndarray],
+        settings: OrtSettings,
+        runs: int,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> float:
+        """The fastest of `runs` timed runs, after checking the outputs' `shapes` if given."""
+        session = make_session(model.SerializeToString(), settings)
+        if shapes:
+            _check_shapes(session, feeds, shapes)
+        run = timed_run(session, feeds)
         for _ in range(self.warmup):
             run()
         return min(run() for _ in range(runs))
@@ -217,14 +268,23 @@ class PerOpCostModel:
             self._memory[key] = (row[0], row[1] or "")
         return self._memory.get(key)
 
-    def _save(self, key: str, op_type: str, ms: float | None, error: str) -> None:
+    def _save(
+        self, key: str, op_type: str, settings: OrtSettings, ms: float | None, error: str
+    ) -> None:
         self._memory[key] = (ms, error)
         with self._db:  # one transaction: the entry is written whole or not at all
             self._db.execute(
                 "INSERT OR REPLACE INTO op_times (key, op_type, settings, ms, error, created) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (key, op_type, self._settings_key, ms, error, time.time()),
+                (key, op_type, self._settings_key(settings), ms, error, time.time()),
             )
+
+
+def runs_in_place(node: Node) -> bool:
+    """Whether onnxruntime runs `node` in place inside a graph (a Reshape, Squeeze, ... relabels
+    its input's buffer): alone, its output would be a fresh buffer, a copy the graph never
+    makes, so such a node is priced 0 like the analytic model's aliases, not timed."""
+    return is_standard(node.domain) and node.op_type in ALIASES
 
 
 def node_key(graph: Graph, node: Node, settings_key: str = "") -> str:
@@ -320,6 +380,19 @@ def _feed(
     if slot > 0 and op_type in _CONTROL_OPS and spec.dtype in _SHAPE_DTYPES:
         raise _Unmeasurable(f"{op_type} input {slot} holds run-time values we cannot know")
     return random_tensor(spec, rng, int_range(graph.metadata, spec.name))
+
+
+def _check_shapes(
+    session: ort.InferenceSession, feeds: dict[str, np.ndarray], shapes: dict[str, tuple]
+) -> None:
+    """Raise _Unmeasurable unless one run gives every output the shape the graph records."""
+    names = list(shapes)
+    for name, result in zip(names, session.run(names, feeds), strict=True):
+        if tuple(np.shape(result)) != tuple(shapes[name]):
+            raise _Unmeasurable(
+                f"alone it gives {name} the shape {tuple(np.shape(result))} where the graph "
+                f"records {tuple(shapes[name])}: not the computation the graph runs"
+            )
 
 
 def _trivial_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

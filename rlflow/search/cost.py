@@ -5,6 +5,11 @@ paths; random walks revisit), so every cost is computed once per canonical hash.
 models trade fidelity for speed: `analytic` is a roofline sum (microseconds per graph),
 `perop` times each distinct operator once in onnxruntime (cached on disk), `e2e` times every
 graph end to end (seconds per graph: only for small budgets).
+
+In offline mode (`settings.ort_level` "disable", what `rlflow.optimize` passes) graphs run as
+written, so each operator runs as it is timed alone and the per-op sum tracks latency; `perop`
+and `e2e` also time a graph that declares its level (`ort_config`, e.g. a start state from
+onnxruntime's optimiser) at that level, whatever `settings` say.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ class SearchCost:
 
 
 def make_cost(name: str = "analytic", settings: OrtSettings | None = None) -> SearchCost:
-    """The named cost model under `settings` (default: 1 thread, ORT level all)."""
+    """The named cost model under `settings` (default: 1 thread, ORT level all; "disable" for
+    offline mode)."""
     settings = (settings or OrtSettings()).resolved()
     if name == "analytic":
         model = AnalyticCostModel(settings=settings)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from rlflow.cost import OrtSettings, PerOpCostModel
+from rlflow.cost import Deployment, OrtSettings, PerOpCostModel, nchwc_block_size
 from rlflow.cost.perop import node_key
-from rlflow.graph import Graph, Node, Value, load_model
+from rlflow.graph import NCHWC_DOMAIN, Graph, Node, Value, load_model
 
 
 def _block_model(build, weight_seed: int = 0, shape=(4, 64)):
@@ -49,7 +49,9 @@ def test_second_pass_measures_nothing(build, tmp_path):
     first = PerOpCostModel(cache_path=cache_path, runs=3)
     report = first.report(graph)
     assert report.fallback_nodes == 0, report.fallback_reasons
-    assert report.measured_now == first.measured_ops == len(graph.nodes) - 1  # two Relus share
+    # The two Relus share a signature; the Reshape runs in place in a graph: priced 0, untimed.
+    assert report.measured_now == first.measured_ops == len(graph.nodes) - 2
+    assert report.in_place_nodes == 1 and report.ms_by_op["Reshape"] == 0
     assert report.total_ms > 0
     assert first.report(graph).measured_now == 0  # memory
 
@@ -95,3 +97,51 @@ def test_settings_are_part_of_the_key(build, tmp_path, ort_level):
     PerOpCostModel(OrtSettings(ort_level="basic"), cache_path=cache_path, runs=2).report(graph)
     other = PerOpCostModel(OrtSettings(ort_level=ort_level), cache_path=cache_path, runs=2)
     assert other.report(graph).measured_now > 0
+
+
+def test_operators_are_timed_at_the_level_their_graph_declares(build, tmp_path):
+    """A graph declared offline runs as written, so its operators are timed with the optimiser
+    off whatever the model's settings; at `all` onnxruntime would rewrite a lone operator."""
+    graph = load_model(_block_model(build))
+    offline = graph.with_metadata(Deployment("offline").metadata("cpu", {""}))
+    model = PerOpCostModel(OrtSettings(ort_level="all"), cache_path=tmp_path / "p.sqlite", runs=2)
+    assert model.report(graph).ort_level == "all"
+    declared = model.report(offline)
+    assert declared.ort_level == "disable" and declared.measured_now > 0  # timed anew
+    assert declared.overhead_ms == model.overhead_ms(OrtSettings(ort_level="disable").resolved())
+
+
+def _nchwc_graph(node: Node, shapes: dict[str, tuple[int, ...]], weights=None) -> Graph:
+    values = {name: Value(name, TensorProto.FLOAT, shape) for name, shape in shapes.items()}
+    initializers = {name: np.ones(shapes[name], np.float32) for name in weights or ()}
+    inputs = [values[name] for name in node.inputs if name not in initializers]
+    outputs = [values[name] for name in node.outputs]
+    return Graph([node], inputs, outputs, initializers, values, {"": 17, NCHWC_DOMAIN: 1})
+
+
+def test_an_nchwc_op_given_logical_shapes_is_a_counted_fallback(tmp_path):
+    """Blocked tensors must carry their blocked shapes (channels padded to the block): given the
+    logical ones, a one-node model would time another computation, or fail. Either way the
+    node is not timed but priced analytically, counted, with the reason."""
+    block = nchwc_block_size()
+    if block is None:
+        pytest.skip("onnxruntime here makes no NCHWc graphs")
+    half = block // 2
+    conv = Node.make(
+        "Conv", ["x", "w", "b"], ["y"], domain=NCHWC_DOMAIN, kernel_shape=[3, 3], pads=[1] * 4
+    )
+    # The filter and bias are padded to a block; the graph records y's logical channels.
+    wrong_output = _nchwc_graph(
+        conv,
+        {"x": (1, half, 8, 8), "w": (block, half, 3, 3), "b": (block,), "y": (1, half, 8, 8)},
+        weights=("w", "b"),
+    )
+    reorder = Node.make("ReorderOutput", ["x"], ["y"], domain=NCHWC_DOMAIN, channels=half)
+    wrong_input = _nchwc_graph(reorder, {"x": (1, half, 4, 4), "y": (1, half, 4, 4)})
+    model = PerOpCostModel(OrtSettings(ort_level="disable"), cache_path=tmp_path / "p.sqlite")
+    for graph, reason in [(wrong_output, "records"), (wrong_input, "")]:
+        report = model.report(graph)
+        assert report.fallback_nodes == 1, report
+        assert reason in report.fallback_reasons[graph.nodes[0].op_type]
+    right = _nchwc_graph(reorder, {"x": (1, block, 4, 4), "y": (1, half, 4, 4)})
+    assert model.report(right).fallback_nodes == 0
