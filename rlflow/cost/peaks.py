@@ -14,10 +14,15 @@ measured latency. So each peak is the best rate over a time budget, not over a f
 
 All in onnxruntime with the configured threads; measured once per (machine, threads,
 provider, onnxruntime version) and cached in `peaks.json` in the cache directory.
+
+`RLFLOW_PEAKS` (JSON of `MachinePeaks`' fields, e.g. `{"gflops": 250, "gbps": 40}`) pins them
+instead: analytic costs then agree across machines, as a reproducible experiment (or a test of
+a seeded learner) needs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -31,6 +36,7 @@ from onnx import helper, numpy_helper
 from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import max_ort_ir_version
+from rlflow.errors import RlflowError
 
 PEAKS_VERSION = 2  # part of the cache key: bump when what is measured changes
 MATMUL_SIZE = 512
@@ -55,6 +61,17 @@ class MachinePeaks:
 
 
 _memory: dict[str, MachinePeaks] = {}
+PINNED_PEAKS = "RLFLOW_PEAKS"
+"""The environment variable that pins the peaks (see the module docstring)."""
+
+
+def _pinned(text: str) -> MachinePeaks:
+    try:
+        return MachinePeaks(**json.loads(text))
+    except (ValueError, TypeError) as error:
+        raise RlflowError(
+            f"{PINNED_PEAKS} must be JSON of gflops, gbps, cache_gbps, cache_bytes: {error}"
+        ) from None
 
 
 def machine_peaks(settings: OrtSettings, *, refresh: bool = False) -> MachinePeaks:
@@ -63,6 +80,9 @@ def machine_peaks(settings: OrtSettings, *, refresh: bool = False) -> MachinePea
     `refresh` measures again and keeps, per peak, the better of the old and new values: a
     peak is a best case, and a re-measurement in a noisy minute must not lower it.
     """
+    pinned = os.environ.get(PINNED_PEAKS)
+    if pinned:
+        return _pinned(pinned)
     settings = replace(settings.resolved(), ort_level="all")
     key = f"{_machine()}|{settings.key()},peaks=v{PEAKS_VERSION}"
     if not refresh and key in _memory:

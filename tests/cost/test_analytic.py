@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 from rlflow.cost import AnalyticCostModel, MachinePeaks, OrtSettings, machine_peaks, op_cost
 from rlflow.cost import peaks as peaks_module
 from rlflow.cost.analytic import has_formula
+from rlflow.errors import RlflowError
 from rlflow.graph import Graph, Node, Value, load_model
 
 F = TensorProto.FLOAT
@@ -107,6 +108,7 @@ def test_graph_cost_is_the_sum_of_its_nodes(build):
 
 
 def test_machine_peaks_are_measured_once_and_cached_on_disk(cache_dir, monkeypatch):
+    monkeypatch.delenv("RLFLOW_PEAKS", raising=False)  # the suite pins them (tests/conftest.py)
     monkeypatch.setattr(peaks_module, "_memory", {})  # earlier tests may have filled it
     settings = OrtSettings()
     measured = machine_peaks(settings)
@@ -124,6 +126,14 @@ def test_machine_peaks_are_measured_once_and_cached_on_disk(cache_dir, monkeypat
     slow = MachinePeaks(gflops=1.0, gbps=1.0, cache_gbps=1.0, cache_bytes=measured.cache_bytes)
     monkeypatch.setattr(peaks_module, "measure_peaks", lambda _settings: slow)
     assert machine_peaks(settings, refresh=True) == measured
+
+
+def test_pinned_peaks_replace_the_measurement(monkeypatch):
+    monkeypatch.setenv("RLFLOW_PEAKS", '{"gflops": 100, "gbps": 10}')
+    assert machine_peaks(OrtSettings()) == MachinePeaks(gflops=100, gbps=10)
+    monkeypatch.setenv("RLFLOW_PEAKS", "fast")
+    with pytest.raises(RlflowError, match="RLFLOW_PEAKS must be JSON"):
+        machine_peaks(OrtSettings())
 
 
 # ---- onnxruntime's own operators, as its optimised graphs hold them ---------------------------
