@@ -12,10 +12,11 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from rlflow.graph import load_model
+from rlflow.graph import is_standard, load_model
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rules import builtin_rules
 from tests.conftest import random_feeds, run_onnx
+from tests.rewrite import nchwc_cases
 
 RULES = {rule.name: rule for rule in builtin_rules()}
 
@@ -70,6 +71,7 @@ EXPECTED_OPS = {
     "reshape-unsqueeze-fold": ["Reshape"],
     "reshape-squeeze-fold": ["Reshape"],
 }
+EXPECTED_OPS.update(nchwc_cases.EXPECTED_OPS)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_OPS))
@@ -89,7 +91,7 @@ def test_rule_rewrites_its_example(name):
 
 # ---- negative cases ----------------------------------------------------------------------------
 
-NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
+NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {**nchwc_cases.NEGATIVE}
 
 
 def negative(name: str, reason: str | None):
@@ -487,7 +489,7 @@ def test_rule_names_are_kebab_case_and_contrib_rules_are_not_portable():
         assert rule.name == rule.name.lower() and " " not in rule.name and "_" not in rule.name
         example = load_model(rule.example(0))
         result = rule.apply(example, next(iter(rule.sites(example))))
-        emits_contrib = any(node.domain == "com.microsoft" for node in result.nodes)
+        emits_contrib = any(not is_standard(node.domain) for node in result.nodes)
         assert rule.portable == (not emits_contrib), rule.name
 
 

@@ -11,7 +11,7 @@ from rlflow.rewrite.rule import Rule
 
 def builtin_rules() -> list[Rule]:
     """Every hand-written rule, portable and not, verified or not."""
-    from rlflow.rewrite.rules import conv, fusion, matmul, reshape, simplify, transformer
+    from rlflow.rewrite.rules import conv, fusion, matmul, nchwc, reshape, simplify, transformer
 
     return [
         *simplify.RULES,
@@ -20,6 +20,7 @@ def builtin_rules() -> list[Rule]:
         *fusion.RULES,
         *transformer.RULES,
         *reshape.RULES,
+        *nchwc.RULES,
     ]
 
 

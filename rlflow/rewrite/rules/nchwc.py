@@ -1,0 +1,371 @@
+"""NCHWc layout rules: onnxruntime's blocked CPU layout, written into the graph site by site.
+
+onnxruntime's optimiser (level `all`, CPU) rewrites CNNs into its `com.microsoft.nchwc` ops:
+Convs and pools that run on channel blocks, with ReorderInput/ReorderOutput at the borders of
+each blocked region (worth 1.25-2.2x on CNNs). A model that runs with the optimiser off must
+say all of that itself, so these rules express each of the transformer's steps, and undo it,
+so that a search can choose, site by site, where the blocked layout pays:
+
+- Conv / FusedConv(x, w, b) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w', b'))   and back
+  (w' in the blocked filter format, b' padded; no ReorderInput for a Conv with fewer input
+  channels than a block, which reads NCHW directly; onnxruntime's conditions on channels and
+  groups, `nchwc_format.conv_layout`)
+- MaxPool / AveragePool(x) -> ReorderOutput(nchwc.Pool(ReorderInput(x)))              and back
+- GlobalAveragePool / GlobalMaxPool(ReorderOutput(x)) -> ReorderOutput(nchwc.Pool(x)) and back
+- BatchNormalization(ReorderOutput(x)) -> ReorderOutput(nchwc.Conv(x, 1x1 depthwise))
+  (undone by the Conv rule's reverse, into a plain depthwise Conv)
+
+and, in `nchwc_blocked`, the rules that grow and shrink blocked regions: reorder pairs
+cancelled and shared, ops moved across ReorderOutput, Add and activations fused into the
+nchwc Conv. Every rule refuses every site where onnxruntime does no NCHWc.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from rlflow.cost import nchwc_block_size
+from rlflow.graph import MS_DOMAIN, Graph
+from rlflow.rewrite.build import ModelBuilder
+from rlflow.rewrite.rule import Emitter, Match, Replacement, both_ways
+from rlflow.rewrite.rules import nchwc_blocked
+from rlflow.rewrite.rules.common import pick, shape
+from rlflow.rewrite.rules.nchwc_format import (
+    ConvLayout,
+    conv_layout,
+    pad_channels,
+    padded,
+    reorder_filter,
+    restore_filter,
+)
+from rlflow.rewrite.rules.nchwc_layout import (
+    NCHWC,
+    N,
+    NchwcPatternRule,
+    blocked_conv,
+    blocked_input,
+    channels_first,
+    example_block,
+    float_tensor,
+    reorder_input,
+    reorder_output,
+    reorder_output_for,
+    typed,
+)
+
+
+def _layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
+    weight = graph.constant(match["w"])
+    if weight is None or weight.dtype != np.float32:
+        return "the filter is not a float constant"
+    bias = match["b"]
+    if bias and (not graph.is_constant(bias) or graph.constant(bias).ndim != 1):
+        return "the bias is not a constant vector"
+    return conv_layout(weight.shape, match.node("y").attr("group", 1), block)
+
+
+class ConvToNchwc(NchwcPatternRule):
+    name = "nchwc-conv"
+    description = (
+        "Conv(x, w, b) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w', b'))"
+        "  (w' blocked, b' padded; FusedConv keeps its activation)"
+    )
+    reverse_description = "ReorderOutput(nchwc.Conv(ReorderInput(x), w', b')) -> Conv(x, w, b)"
+    pattern = ("y=Conv(x, w, b?)", "y=com.microsoft.FusedConv(x, w, b?)")
+    reverse_pattern = (
+        f"{N}ReorderOutput(y={N}Conv({N}ReorderInput(x), w, b?))",
+        f"{N}ReorderOutput(y={N}Conv(x, w, b?))",
+    )
+    target_ops = {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1}
+    settings = 4
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
+            return "nchwc Conv takes 2-D float convolutions only"
+        layout = _layout(graph, match, block)
+        if isinstance(layout, str):
+            return layout
+        if not self.reverse:
+            return None
+        reorder, conv = match.nodes[0], match.node("y")
+        weight = graph.constant(match["w"])
+        group = conv.attr("group", 1)
+        out_channels, in_channels = reorder.attr("channels"), shape(graph, match["x"])[1]
+        if not channels_first(reorder) or weight.shape[0] % block:
+            return "not a Conv blocked for this machine, reordered out to NCHW"
+        if layout.reorder_input != (match.pattern_index == 0):
+            return "the Conv reads a blocked tensor: reorder it out first"
+        if padded(out_channels, block) != weight.shape[0]:
+            return f"{out_channels} channels do not fit the filter's {weight.shape[0]}"
+        if layout.depthwise:
+            fits = in_channels == out_channels and padded(in_channels, block) == group
+        elif layout.per_output:
+            fits = in_channels == weight.shape[1]
+        elif group == 1:
+            fits = padded(in_channels, block) == weight.shape[1]
+        else:
+            fits = in_channels == weight.shape[1] * group and out_channels == weight.shape[0]
+        return None if fits else "the input's channels do not fit the filter"
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        block = nchwc_block_size()
+        layout = _layout(graph, match, block)
+        if self.reverse:
+            return self._unblocked(graph, match, block, layout)
+        emit = Emitter(graph)
+        x = graph.value(match["x"])
+        source = reorder_input(emit, x, block) if layout.reorder_input else x.name
+        weight = graph.constant(match["w"])
+        filters = emit.const(reorder_filter(weight, block, layout.per_output), "weight")
+        bias = match["b"]
+        if bias and len(graph.constant(bias)) % block:
+            bias = emit.const(pad_channels(graph.constant(bias), block), "bias")
+        out = graph.value(match.outputs[0])
+        n, channels, *spatial = out.shape
+        groups = {"group": padded(channels, block)} if layout.depthwise else {}
+        blocked = emit.copy(match.node("y"), [source, filters, bias], "Conv", NCHWC, **groups)
+        typed(emit, blocked, (n, padded(channels, block), *spatial), out.dtype)
+        result = reorder_output_for(emit, blocked, out.name, channels)
+        return emit.result(result)
+
+    def _unblocked(self, graph: Graph, match: Match, block: int, layout: ConvLayout) -> Replacement:
+        conv = match.node("y")
+        channels = match.nodes[0].attr("channels")
+        blocked = graph.constant(match["w"])
+        in_channels = blocked.shape[1]
+        if not layout.per_output and conv.attr("group", 1) == 1:
+            in_channels = shape(graph, match["x"])[1]  # the padded input columns go
+        emit = Emitter(graph)
+        weight = restore_filter(blocked, block, layout.per_output, channels, in_channels)
+        bias = match["b"]
+        if bias and len(graph.constant(bias)) != channels:
+            bias = emit.const(graph.constant(bias)[:channels], "bias")
+        op, domain = ("FusedConv", MS_DOMAIN) if conv.attr("activation") else ("Conv", "")
+        groups = {"group": channels} if layout.depthwise else {}
+        inputs = [match["x"], emit.const(weight, "weight"), bias]
+        return emit.result(emit.copy(conv, inputs, op, domain, like=match.outputs[0], **groups))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        half, two, odd = block // 2, 2 * block, block + 4
+        # input channels, output channels, group, kernel, stride, bias, FusedConv activation
+        cin, cout, group, k, stride, with_bias, fused = pick(
+            setting,
+            [
+                (odd, odd, odd, 3, 1, True, ("LeakyRelu", [0.1])),  # depthwise FusedConv
+                (3, half, 1, 3, 1, True, None),  # NCHW read directly, outputs below a block
+                (block + half, block + half, 1, 3, 2, False, None),  # inputs padded, OIHWBiBo
+                (two, two, 2, 1, 1, True, None),  # two groups of one block each
+            ],
+        )
+        rng = np.random.default_rng(setting)
+        weight = rng.standard_normal((cout, cin // group, k, k)).astype(np.float32)
+        bias = rng.standard_normal(cout).astype(np.float32) if with_bias else None
+        attrs = {"group": group, "pads": [k // 2] * 4, "strides": [stride] * 2}
+        if fused:
+            attrs.update(activation=fused[0], activation_params=fused[1])
+        b = ModelBuilder()
+        x = b.input((1, cin, 7, 7))
+        if self.reverse:
+            layout = conv_layout(weight.shape, group, block)
+            source = b.op("ReorderInput", [x], domain=NCHWC) if layout.reorder_input else x
+            if layout.depthwise:
+                attrs["group"] = padded(group, block)
+            conv = blocked_conv(b, source, weight, layout, bias, **attrs)
+            return b.model(b.op("ReorderOutput", [conv], domain=NCHWC, channels=cout))
+        inputs = [x, b.const(weight)] + ([b.const(bias)] if bias is not None else [])
+        if fused:
+            return b.model(b.op("FusedConv", inputs, domain=MS_DOMAIN, **attrs))
+        return b.model(b.op("Conv", inputs, **attrs))
+
+
+_POOLS = ("MaxPool", "AveragePool")
+
+
+class PoolToNchwc(NchwcPatternRule):
+    name = "nchwc-pool"
+    description = (
+        "MaxPool(x) -> ReorderOutput(nchwc.MaxPool(ReorderInput(x)))"
+        "  (AveragePool alike; channels in whole blocks)"
+    )
+    reverse_description = "ReorderOutput(nchwc.MaxPool(ReorderInput(x))) -> MaxPool(x)"
+    pattern = tuple(f"y={op}(x)" for op in _POOLS)
+    reverse_pattern = tuple(f"{N}ReorderOutput(y={N}{op}({N}ReorderInput(x)))" for op in _POOLS)
+    target_ops = {"ReorderInput": 1, "MaxPool": 1, "ReorderOutput": 1}
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        dims = shape(graph, match["x"])
+        if len(dims) != 4 or not float_tensor(graph, match["x"]):
+            return "nchwc pools take 2-D float pooling only"
+        if dims[1] % block:
+            return f"{dims[1]} channels are not whole blocks of {block}"
+        pool = match.node("y")
+        if len([out for out in pool.outputs if out]) != 1:
+            return "the MaxPool also outputs indices"
+        if self.reverse:
+            reorder = match.nodes[0]
+            if not channels_first(reorder) or reorder.attr("channels") != dims[1]:
+                return "the ReorderOutput drops or reorders channels"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        pool = match.node("y")
+        emit = Emitter(graph)
+        if self.reverse:
+            # Unit dilations go: AveragePool has the attribute only from opset 19.
+            unit = set(pool.attr("dilations", [1])) == {1}
+            plain = emit.copy(
+                pool, [match["x"]], domain="", **({"dilations": None} if unit else {})
+            )
+            return emit.result(plain)
+        out = graph.value(match.outputs[0])
+        source = reorder_input(emit, graph.value(match["x"]), nchwc_block_size())
+        blocked = typed(emit, emit.copy(pool, [source], domain=NCHWC), out.shape, out.dtype)
+        result = reorder_output_for(emit, blocked, out.name, out.shape[1])
+        return emit.result(result)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        op, channels, attrs = pick(
+            setting,
+            [
+                ("MaxPool", block, {"kernel_shape": [3, 3], "pads": [1] * 4, "strides": [2, 2]}),
+                ("AveragePool", 2 * block, {"kernel_shape": [3, 3], "count_include_pad": 1}),
+                ("MaxPool", block, {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+            ],
+        )
+        b = ModelBuilder()
+        x = b.input((1, channels, 7, 7))
+        if not self.reverse:
+            return b.model(b.op(op, [x], **attrs))
+        # The ReorderInput is shared with a global pool, which keeps it.
+        blocked = b.op("ReorderInput", [x], domain=NCHWC)
+        pools = [
+            b.op(op, [blocked], domain=NCHWC, **attrs),
+            b.op("GlobalMaxPool", [blocked], domain=NCHWC),
+        ]
+        return b.model(
+            *[b.op("ReorderOutput", [p], domain=NCHWC, channels=channels) for p in pools]
+        )
+
+
+_GLOBAL_POOLS = ("GlobalAveragePool", "GlobalMaxPool")
+
+
+class GlobalPoolToNchwc(NchwcPatternRule):
+    """Global pools go blocked only where their input is blocked already, as in onnxruntime:
+    reordering a tensor in for one cheap reduction does not pay."""
+
+    name = "nchwc-global-pool"
+    description = (
+        "GlobalAveragePool(ReorderOutput(x)) -> ReorderOutput(nchwc.GlobalAveragePool(x))"
+        "  (GlobalMaxPool alike)"
+    )
+    reverse_description = (
+        "ReorderOutput(nchwc.GlobalAveragePool(x)) -> GlobalAveragePool(ReorderOutput(x))"
+    )
+    pattern = tuple(f"y={op}(r={N}ReorderOutput(x))" for op in _GLOBAL_POOLS)
+    reverse_pattern = tuple(f"r={N}ReorderOutput(y={N}{op}(x))" for op in _GLOBAL_POOLS)
+    target_ops = {"GlobalAveragePool": 1, "ReorderOutput": 1}
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        reorder = graph.producer(match["r"])
+        if not channels_first(reorder):
+            return "the ReorderOutput is to NHWC"
+        if reorder.attr("channels") % block:
+            return f"{reorder.attr('channels')} channels are not whole blocks of {block}"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        pool = match.node("y")
+        channels = graph.producer(match["r"]).attr("channels")
+        x = graph.value(match["x"])
+        emit = Emitter(graph)
+        if self.reverse:
+            return emit.result(emit.copy(pool, [reorder_output(emit, x, channels)], domain=""))
+        blocked = emit.copy(pool, [x.name], domain=NCHWC)
+        typed(emit, blocked, (*x.shape[:2], 1, 1), x.dtype)
+        result = reorder_output_for(emit, blocked, match.outputs[0], channels)
+        return emit.result(result)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        op, dims = pick(
+            setting,
+            [
+                ("GlobalAveragePool", (1, block, 5, 5)),
+                ("GlobalMaxPool", (1, 2 * block, 4, 4)),
+                ("GlobalAveragePool", (2, block, 3, 3)),
+            ],
+        )
+        b = ModelBuilder()
+        x = blocked_input(b, dims)
+        if self.reverse:
+            pooled = b.op(op, [x], domain=NCHWC)
+            return b.model(b.op("ReorderOutput", [pooled], domain=NCHWC, channels=dims[1]))
+        return b.model(b.op(op, [b.op("ReorderOutput", [x], domain=NCHWC, channels=dims[1])]))
+
+
+class BatchNormToNchwc(NchwcPatternRule):
+    """onnxruntime turns a BatchNormalization of a blocked tensor into a 1x1 depthwise nchwc
+    Conv (so that its Relu can fuse as well). The Conv rule's reverse turns it back into a
+    plain depthwise Conv, the way out of the layout."""
+
+    name = "nchwc-batchnorm"
+    description = (
+        "BatchNormalization(ReorderOutput(x), ...) -> ReorderOutput(nchwc.Conv(x, w, b, group=C))"
+        "  (1x1 depthwise)"
+    )
+    pattern = f"BatchNormalization(r={N}ReorderOutput(x), scale, bias, mean, var)"
+    target_ops = {"Conv": 1, "ReorderOutput": 1}
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        reorder = graph.producer(match["r"])
+        channels = reorder.attr("channels")
+        if not channels_first(reorder) or padded(channels, block) != shape(graph, match["x"])[1]:
+            return "the ReorderOutput drops whole blocks or is to NHWC"
+        for var in ("scale", "bias", "mean", "var"):
+            array = graph.constant(match[var])
+            if array is None or array.shape != (channels,) or array.dtype != np.float32:
+                return f"the {var} is not a constant float vector of {channels}"
+        norm = match.nodes[0]
+        if norm.attr("training_mode", 0) or len([out for out in norm.outputs if out]) != 1:
+            return "BatchNormalization is in training mode"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        scale, shift, mean, var = (
+            graph.constant(match[v]) for v in ("scale", "bias", "mean", "var")
+        )
+        factor = scale / np.sqrt(var + np.float32(match.nodes[0].attr("epsilon", 1e-5)))
+        block = nchwc_block_size()
+        weight = pad_channels(factor, block)
+        filters = reorder_filter(weight.reshape(-1, 1, 1, 1), block, per_output=True)
+        x = graph.value(match["x"])
+        emit = Emitter(graph)
+        bias = pad_channels(shift - mean * factor, block)
+        inputs = [x.name, emit.const(filters, "weight"), emit.const(bias, "bias")]
+        conv = emit.op("Conv", inputs, domain=NCHWC, group=len(weight))
+        typed(emit, conv, x.shape, x.dtype)
+        channels = len(factor)
+        result = reorder_output_for(emit, conv, match.outputs[0], channels)
+        return emit.result(result)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        dims = pick(setting, [(1, block, 5, 5), (2, 2 * block, 3, 3), (1, block + 4, 2, 2)])
+        b = ModelBuilder(seed=setting)
+        x = b.op("ReorderOutput", [blocked_input(b, dims)], domain=NCHWC, channels=dims[1])
+        params = [b.const((dims[1],)) for _ in range(3)]
+        var = b.const(np.abs(np.random.default_rng(setting).standard_normal(dims[1])) + 0.5)
+        return b.model(b.op("BatchNormalization", [x, *params, var], epsilon=1e-3))
+
+
+RULES = [
+    *both_ways(ConvToNchwc),
+    *both_ways(PoolToNchwc),
+    *both_ways(GlobalPoolToNchwc),
+    BatchNormToNchwc(),
+    *nchwc_blocked.RULES,
+]
