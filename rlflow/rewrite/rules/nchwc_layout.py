@@ -14,6 +14,8 @@ nchwc value its shape themselves (`typed`), the shapes onnxruntime's own graphs 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import sys
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -23,6 +25,7 @@ from rlflow.cost import nchwc_block_size
 from rlflow.graph import NCHWC_DOMAIN, Graph, Node, Value
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule
+from rlflow.rewrite.rules import nchwc_format
 from rlflow.rewrite.rules.nchwc_format import (
     ConvLayout,
     conv_layout,
@@ -202,6 +205,14 @@ class NchwcRule:
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         return None
+
+    def fingerprint(self) -> str:
+        """The rule's own module and the NCHWc ones it builds on: a change to the format or to
+        these helpers must verify the rules again."""
+        return super().fingerprint() + _HELPERS_SOURCE
+
+
+_HELPERS_SOURCE = inspect.getsource(nchwc_format) + inspect.getsource(sys.modules[__name__])
 
 
 class NchwcPatternRule(NchwcRule, PatternRule):
