@@ -61,6 +61,8 @@ def scalars(run_dir) -> dict[str, list[int]]:
 
 
 def test_training_raises_the_return_above_the_untrained_policy(tmp_path) -> None:
+    # The portable rules: an action space a 200-step budget can learn (the NCHWc layout rules
+    # pay only in chains of several steps, which real budgets learn: docs/BENCHMARKS.md).
     config = PPOConfig(
         models=["resnet-18"],
         total_steps=200,
@@ -70,6 +72,7 @@ def test_training_raises_the_return_above_the_untrained_policy(tmp_path) -> None
         hidden=32,
         layers=2,
         seed=0,
+        portable=True,
     )
     torch.manual_seed(config.seed)
     rule_names = _default_rules(config.portable).names
@@ -79,7 +82,7 @@ def test_training_raises_the_return_above_the_untrained_policy(tmp_path) -> None
 
     before = [analytic_return(s) for s in policy_rollouts(untrained, "resnet-18", episodes=5)]
     after = [analytic_return(s) for s in policy_rollouts(trained, "resnet-18", episodes=5)]
-    # Seeded: untrained about -6 % of the cost saved (it makes the graph slower), trained +2..3 %.
+    # Seeded: untrained about -4 % of the cost saved (it makes the graph slower), trained +3 %.
     assert np.mean(after) > np.mean(before) + 3.0, (before, after)
     assert np.mean(after) > 0.0
 
