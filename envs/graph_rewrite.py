@@ -2,7 +2,9 @@
 
 A thin gymnasium wrapper around `rlflow.rewrite.session.RewriteSession`: the session owns the
 graph, its candidates and the action record; this module turns them into fixed-size padded
-arrays, an action mask and the X-RLflow reward.
+arrays, an action mask and the X-RLflow reward. It is longer than most modules (~680 lines) for
+one reason: the env class carries Gymnasium's full documentation of its spaces, rewards, start
+and arguments, a third of the file.
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ class GraphRewriteEnv(gym.Env):
       the graph's ratio to the original, both timed interleaved in one run (the median of
       per-pair ratios, `Runner.compare`), and C_0 the original's median run. A reward thus
       compares ratios each measured in one run, never absolute times taken minutes apart
-      under another load (DESIGN.md); each measurement times the original again.
+      under another load (docs/ARCHITECTURE.md, "Decisions"); each measurement times the
+      original again.
     - `"e2e-sparse"`: X-RLflow's variant. C_t is measured end to end at reset, every
       `measure_every` steps, on the step that ends the episode (stop, no candidate left)
       and at the horizon; in between it is the last measurement scaled by the analytic cost's

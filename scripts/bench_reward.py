@@ -5,8 +5,8 @@ For each model, G is the graph reached from the original by `--steps` greedy ste
 analytic cost (the candidate of lowest analytic cost each time). Then, `--reps` times, in
 alternating order, the saving 100 (C_0 - C_G) / C_0 -- an episode's return -- is measured:
 
-- separately (the env's e2e rewards before session 3): the original and G each timed alone,
-  one after the other (`Runner.measure`, their 3rd-smallest runs);
+- separately (how the env's e2e rewards were first measured): the original and G each timed
+  alone, one after the other (`Runner.measure`, their 3rd-smallest runs);
 - interleaved (the env's e2e rewards now): both timed in one run (`Runner.compare`), saving
   100 (1 - ratio), the ratio being the median of per-pair ratios;
 

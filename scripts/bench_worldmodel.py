@@ -1,5 +1,8 @@
 #!/usr/bin/env python
-"""The world model's benchmark (issue 7): dream controller vs PPO vs taso search on full models.
+"""The world model's benchmark: dream controller vs PPO vs taso search on full models.
+
+One script of ~620 lines on purpose: the benchmark is one fixed sequence of commands and one
+report, and splitting its steps over modules would hide that sequence.
 
 Runs a fixed sequence of `rlflow` CLI commands (each printed before it runs) and reads their
 JSON:

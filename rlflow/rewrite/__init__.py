@@ -5,7 +5,8 @@
 the rewritten graph, built when first asked for).
 """
 
-from rlflow.rewrite.rule import Emitter, Match, Replacement, RewriteRejected, Rule
+from rlflow.rewrite.replacement import Match, Replacement, RewriteRejected
+from rlflow.rewrite.rule import Emitter, Rule
 from rlflow.rewrite.ruleset import Candidate, RuleSet, default_ruleset
 from rlflow.rewrite.template import TemplateRule, load_templates
 from rlflow.rewrite.verify import VerificationResult, list_rules, verify_rule, verify_rules

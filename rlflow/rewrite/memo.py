@@ -16,7 +16,8 @@ from typing import Any
 
 from rlflow.graph import Graph, GraphError, Node
 from rlflow.graph.derive import Derivation
-from rlflow.rewrite.rule import Match, RewriteRejected, Rule, prepare_replacement
+from rlflow.rewrite.replacement import Match, RewriteRejected, prepare_replacement
+from rlflow.rewrite.rule import Rule
 
 
 class LoggedGraph:

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from rlflow.graph import Graph
 from rlflow.graph.derive import Derivation
-from rlflow.rewrite.rule import GraphIndex, Match, RewriteRejected, Rule
+from rlflow.rewrite.replacement import Match, RewriteRejected
+from rlflow.rewrite.rule import GraphIndex, Rule
 
 if TYPE_CHECKING:
     from rlflow.rewrite.memo import RewriteMemo

@@ -33,18 +33,11 @@ from onnx import numpy_helper
 
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph, Node, Value, fresh_name
+from rlflow.graph.domains import STANDARD_DOMAINS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.pattern import Pattern, PatternNode, Var
-from rlflow.rewrite.rule import (
-    STANDARD_DOMAINS,
-    GraphIndex,
-    Match,
-    Replacement,
-    RewriteRejected,
-    Rule,
-    pattern_anchors,
-    prepare_replacement,
-)
+from rlflow.rewrite.replacement import Match, Replacement, RewriteRejected, prepare_replacement
+from rlflow.rewrite.rule import GraphIndex, Rule, pattern_anchors
 
 GENERATED_PATH = Path(__file__).parent / "rules" / "generated.json"
 TEMPLATE_OPSET = 18  # the generator's Split uses num_outputs (opset 18)

@@ -26,13 +26,21 @@ import onnx
 
 from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.errors import first_line
-from rlflow.rewrite.rule import RewriteRejected, Rule
+from rlflow.rewrite.replacement import RewriteRejected
+from rlflow.rewrite.rule import Rule
 
 if TYPE_CHECKING:
     from rlflow.cost.equivalence import EquivalenceReport
     from rlflow.cost.source import ModelLike
 
-_ENGINE_MODULES = ("rule.py", "pattern.py", "build.py", "template.py", "rules/common.py")
+_ENGINE_MODULES = (
+    "rule.py",
+    "replacement.py",
+    "pattern.py",
+    "build.py",
+    "template.py",
+    "rules/common.py",
+)
 
 RULE_SEEDS = (0, 1)
 """The random input sets on which a rule's two sides are compared, at each shape setting."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from rlflow.graph import Graph, Node
 from rlflow.graph.domains import onnx_opset
+from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter
 
 FLOAT_TYPES = (1, 10, 11)  # FLOAT, FLOAT16, DOUBLE
@@ -72,3 +73,13 @@ def only_reader(graph: Graph, value: str, reader: Node) -> bool:
 def pick(setting: int, options: Sequence) -> object:
     """The option for a shape setting (settings beyond the list wrap around)."""
     return options[setting % len(options)]
+
+
+def example_conv(setting: int, builder: ModelBuilder) -> str:
+    """A Conv with constant weight and bias on a fresh input, at one of three shape settings:
+    the example the convolution rules are verified on."""
+    n, c, hw, k, out = pick(setting, [(1, 3, 8, 3, 4), (2, 4, 5, 1, 6), (1, 2, 7, 5, 3)])
+    x = builder.input((n, c, hw, hw))
+    return builder.op(
+        "Conv", [x, builder.const((out, c, k, k)), builder.const((out,))], pads=[k // 2] * 4
+    )

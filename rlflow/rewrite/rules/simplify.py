@@ -24,9 +24,10 @@ import onnx
 from onnx import TensorProto as T
 
 from rlflow.graph import Graph, Node
+from rlflow.graph.domains import STANDARD_DOMAINS
 from rlflow.graph.shapes import NONDETERMINISTIC_OPS, evaluate_node
 from rlflow.rewrite.build import ModelBuilder
-from rlflow.rewrite.rule import STANDARD_DOMAINS, Emitter, Match, PatternRule, Replacement, Rule
+from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement, Rule
 from rlflow.rewrite.rules.common import pick, shape
 
 MAX_FOLDED = 1 << 22
@@ -369,7 +370,7 @@ class ConstantFold(Rule):
         opsets = [onnx.helper.make_opsetid(d, v) for d, v in graph.opset.items()]
         results = evaluate_node(proto, constants, opsets)
         if results is None:
-            from rlflow.rewrite.rule import RewriteRejected
+            from rlflow.rewrite.replacement import RewriteRejected
 
             raise RewriteRejected(f"cannot evaluate {node.op_type}")
         emit = Emitter(graph)
