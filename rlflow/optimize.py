@@ -128,28 +128,38 @@ def expansion_total(method: Method, budget: int | None) -> int | None:
     return {"taso": taso.DEFAULT_BUDGET, "random": random_walk.DEFAULT_BUDGET}.get(method.name)
 
 
-def run_search(
-    name: str,
-    original: Graph,
-    label: str,
-    settings: OrtSettings,
-    options: SearchOptions,
-    *,
-    runner: Runner,
-    progress: Progress | None = None,
-    reference: Graph | None = None,
-) -> SearchResult:
-    """Run a search baseline from `original`; its result is measured (against `reference`,
-    default the graph it started from) but not yet checked."""
+@dataclass(frozen=True)
+class Run:
+    """What running one method needs besides the method and its start graph."""
+
+    label: str
+    """The model's name in results."""
+    settings: OrtSettings
+    """The settings the graphs run under (offline: the optimiser off)."""
+    options: SearchOptions
+    runner: Runner
+    """Times the final graphs."""
+    progress: Progress | None = None
+    reference: Graph | None = None
+    """What speedups are against (default: the start graph)."""
+
+
+def run_search(name: str, start: Graph, run: Run) -> SearchResult:
+    """Run a search baseline from `start`; its result is measured but not yet checked."""
     from rlflow.rewrite import default_ruleset
     from rlflow.search import search
 
+    options = run.options
     options.validate()
-    cost = make_cost(options.cost or "analytic", settings)
-    session = RewriteSession(original, default_ruleset(portable=options.portable), model=label)
-    kwargs: dict[str, Any] = {"runner": runner, "top_k": options.top_k, "reference": reference}
-    if progress is not None:
-        kwargs["progress"] = progress
+    cost = make_cost(options.cost or "analytic", run.settings)
+    session = RewriteSession(start, default_ruleset(portable=options.portable), model=run.label)
+    kwargs: dict[str, Any] = {
+        "runner": run.runner,
+        "top_k": options.top_k,
+        "reference": run.reference,
+    }
+    if run.progress is not None:
+        kwargs["progress"] = run.progress
     if options.budget is not None:
         kwargs["budget"] = options.budget
     if name == "taso":
@@ -159,37 +169,28 @@ def run_search(
     return search(name, session, cost, **kwargs)
 
 
-def run_agent(
-    agent: AgentSpec,
-    original: Graph,
-    label: str,
-    settings: OrtSettings,
-    options: SearchOptions,
-    *,
-    runner: Runner,
-    progress: Progress | None = None,
-    reference: Graph | None = None,
-) -> SearchResult:
-    """Roll a trained agent out from `original`, then time its best final graphs exactly as a
-    search does (`rlflow.search.finish`, against `reference` if given)."""
+def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
+    """Roll a trained agent out from `start`, then time its best final graphs exactly as a
+    search does (`rlflow.search.finish`)."""
     from rlflow.agents.evaluate import policy_rollouts
     from rlflow.worldmodel.policy import load_agent_policy
 
+    options, progress = run.options, run.progress
     options.validate()
     policy = load_agent_policy(agent)
     started = time.perf_counter()
     env_cost = str(policy.env_config.get("cost", "analytic"))
-    cost = make_cost(options.cost or AGENT_COSTS.get(env_cost, "analytic"), settings)
+    cost = make_cost(options.cost or AGENT_COSTS.get(env_cost, "analytic"), run.settings)
     cost.reset_count()
     if progress is not None:
         progress.set_postfix_str(f"{options.episodes} {agent.kind} rollouts", refresh=True)
     sessions = policy_rollouts(
-        policy, original, episodes=options.episodes, seed=options.seed, size=options.size
+        policy, start, episodes=options.episodes, seed=options.seed, size=options.size
     )
     board = Board(options.top_k)
     for session in sessions:
         board.offer(cost(session.graph), session)
-    root = RewriteSession(original, sessions[0].ruleset if sessions else None, model=label)
+    root = RewriteSession(start, sessions[0].ruleset if sessions else None, model=run.label)
     steps = sum(len(session.actions) for session in sessions)
     if progress is not None:
         progress.update(steps)
@@ -200,28 +201,17 @@ def run_agent(
         cost,
         expansions=steps,
         started=started,
-        runner=runner,
+        runner=run.runner,
         progress=progress if progress is not None else NO_PROGRESS,
-        reference=reference,
+        reference=run.reference,
     )
 
 
-def run_method(
-    method: Method,
-    original: Graph,
-    label: str,
-    settings: OrtSettings,
-    options: SearchOptions,
-    *,
-    runner: Runner,
-    progress: Progress | None = None,
-    reference: Graph | None = None,
-) -> SearchResult:
+def run_method(method: Method, start: Graph, run: Run) -> SearchResult:
     """`run_agent` for an agent, else `run_search`: measured, not yet checked."""
-    common: dict[str, Any] = {"runner": runner, "progress": progress, "reference": reference}
     if method.agent is not None:
-        return run_agent(method.agent, original, label, settings, options, **common)
-    return run_search(method.name, original, label, settings, options, **common)
+        return run_agent(method.agent, start, run)
+    return run_search(method.name, start, run)
 
 
 def check_result(original: Graph, graph: Graph) -> EquivalenceReport:
@@ -380,16 +370,8 @@ def optimize(
         start, start_speedups = choose_start(original, runner, progress)
     elif isinstance(start, str):
         start = start_state(original, start, settings)
-    result = run_method(
-        method,
-        start.graph,
-        label,
-        deploy.settings(settings),
-        options,
-        runner=runner,
-        progress=progress,
-        reference=reference,
-    )
+    run = Run(label, deploy.settings(settings), options, runner, progress, reference)
+    result = run_method(method, start.graph, run)
     provider = settings.provider
     graph = result.graph.with_metadata(
         deploy.metadata(provider, {node.domain for node in result.graph.nodes})
@@ -422,6 +404,7 @@ __all__ = [
     "SEARCH_METHODS",
     "Method",
     "OptimizeResult",
+    "Run",
     "SearchOptions",
     "check_result",
     "choose_start",
