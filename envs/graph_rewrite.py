@@ -152,7 +152,9 @@ class GraphRewriteEnv(gym.Env):
     - `models`: zoo names (`rlflow.zoo.MODEL_NAMES`, exported at `size`), paths to .onnx
       files, or Graph objects; default `["squeezenet-1.1"]`.
     - `size`: zoo model size, "small" (default), "medium" or "full".
-    - `cost`: "analytic" (default), "perop", "e2e" or "e2e-sparse" (see Rewards).
+    - `cost`: "analytic", "perop", "e2e" or "e2e-sparse" (see Rewards); default "perop" offline
+      (each operator runs as written, so per-op costs add up to the graph's latency), else
+      "analytic".
     - `measure_every`: steps between end-to-end measurements for "e2e-sparse" (default 10).
     - `deploy`: "online" (default: graphs are measured under `ort_level`, onnxruntime's
       optimiser running over them) or "offline" (graphs run as written, optimiser off, as
@@ -183,7 +185,7 @@ class GraphRewriteEnv(gym.Env):
         models: Sequence[str | Graph] | str | Graph | None = None,
         *,
         size: str = "small",
-        cost: str = "analytic",
+        cost: str | None = None,
         measure_every: int = 10,
         ort_level: str = "all",
         deploy: str = "online",
@@ -200,6 +202,8 @@ class GraphRewriteEnv(gym.Env):
         perop_model: PerOpCostModel | None = None,
         render_mode: str | None = None,
     ) -> None:
+        if cost is None:  # offline every operator runs as written: per-op costs add up
+            cost = "perop" if deploy == "offline" else "analytic"
         if cost not in COST_SOURCES:
             raise RlflowError(f"unknown cost {cost!r}; choose one of {', '.join(COST_SOURCES)}")
         if min(max_nodes, max_edges, max_candidates, max_site_nodes, measure_every) < 1:

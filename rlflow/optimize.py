@@ -47,6 +47,11 @@ DEFAULT_METHOD = "taso"
 """What `rlflow optimize` uses without --method/--agent: it needs no trained run, and its
 backtracking gets past the local minima where greedy stops (docs/BENCHMARKS.md: at ORT level
 all, squeezenet-1.1 full 1.080x against greedy's 1.000x)."""
+SEARCH_COSTS = {"offline": "perop", "online": "analytic"}
+"""The cost a search ranks graphs by, per deploy mode, unless told otherwise: offline every
+operator runs as written, so the per-op measured cost adds up to the graph's latency (and prices
+onnxruntime's own kernels, which a roofline cannot); online onnxruntime rewrites the graph
+before it runs, so the cheap analytic model is as good a guide as any."""
 AGENT_COSTS = {"analytic": "analytic", "perop": "perop", "e2e": "e2e", "e2e-sparse": "e2e"}
 """An agent's env reward source -> the search cost model that ranks its rollouts' graphs."""
 
@@ -92,7 +97,8 @@ class SearchOptions:
     budget: int | None = None
     """Search: expansions (None: the method's default)."""
     cost: str | None = None
-    """Cost model ranking the graphs found; None: analytic (search), the env's (agent)."""
+    """Cost model ranking the graphs found; None: `SEARCH_COSTS` of the deploy mode (search),
+    the env's (agent)."""
     alpha: float = 1.05
     """taso: keep graphs under alpha x the best cost."""
     seed: int = 0
@@ -142,6 +148,8 @@ class Run:
     progress: Progress | None = None
     reference: Graph | None = None
     """What speedups are against (default: the start graph)."""
+    search_cost: str = "analytic"
+    """The cost a search ranks graphs by when `options.cost` names none."""
 
 
 def run_search(name: str, start: Graph, run: Run) -> SearchResult:
@@ -151,7 +159,7 @@ def run_search(name: str, start: Graph, run: Run) -> SearchResult:
 
     options = run.options
     options.validate()
-    cost = make_cost(options.cost or "analytic", run.settings)
+    cost = make_cost(options.cost or run.search_cost, run.settings)
     session = RewriteSession(start, default_ruleset(portable=options.portable), model=run.label)
     kwargs: dict[str, Any] = {
         "runner": run.runner,
@@ -370,7 +378,15 @@ def optimize(
         start, start_speedups = choose_start(original, runner, progress)
     elif isinstance(start, str):
         start = start_state(original, start, settings)
-    run = Run(label, deploy.settings(settings), options, runner, progress, reference)
+    run = Run(
+        label,
+        deploy.settings(settings),
+        options,
+        runner,
+        progress,
+        reference,
+        search_cost=SEARCH_COSTS[deploy.mode],
+    )
     result = run_method(method, start.graph, run)
     provider = settings.provider
     graph = result.graph.with_metadata(
