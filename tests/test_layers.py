@@ -26,7 +26,7 @@ DIRECT = {
     "envs": {"nn", "rewrite", "zoo"},
     "agents": {"envs", "search"},
     "worldmodel": {"agents"},
-    "report": set(),
+    "report": {"cost"},
     "runtime": {"cost"},
     "optimize": {"worldmodel"},
     "commands": {"optimize", "report"},

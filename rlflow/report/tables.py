@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rlflow.cost.runner import geometric_mean
+
 Row = Mapping[str, Any]
 
 ROW_FIELDS: tuple[str, ...] = (
@@ -82,6 +84,18 @@ def _error(row: Row) -> str:
     return "—" if value is None else f"{value:.1e}"
 
 
+def _geomeans(rows: Sequence[Row], methods: list[str]) -> str:
+    """One line: each method's geometric mean speedup over the models, and the peer's."""
+    parts = []
+    for method in methods:
+        mean = geometric_mean(row.get("speedup") for row in rows if row["method"] == method)
+        parts.append(f"{method} {mean:.3f}x")
+    peers = {row["model"]: row.get("peer_speedup") for row in rows}
+    if any(value is not None for value in peers.values()):
+        parts.append(f"tuning peer {geometric_mean(peers.values()):.3f}x")
+    return "Geometric mean over the models: " + ", ".join(parts) + "."
+
+
 def _fusions(row: Row) -> str:
     changed = [
         f"{op} {entry['ort']}->{entry['rlflow']}"
@@ -144,6 +158,8 @@ def render_report(
                 _speedup,
                 ("original ms", lambda model, ms=original_ms: ms.get(model, "—")),
             ),
+            "",
+            _geomeans(at_level, methods),
             "",
             "Tuning peer and start state per model.",
             "",
