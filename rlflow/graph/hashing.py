@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rlflow.graph.domains import is_standard
+from rlflow.graph.ir import outer_scope_inputs
 
 if TYPE_CHECKING:
     from rlflow.graph.ir import Graph
@@ -80,12 +81,13 @@ ABSENT = digest("absent")
 def hash_node(node, value_hash: dict[str, bytes]) -> None:
     """Set the hashes of `node`'s outputs from its inputs' (as `digest(node, "|", *inputs)`)."""
     try:
-        prefix, commutative, outputs = node._hash_parts
+        prefix, commutative, outputs, outer = node._hash_parts
     except AttributeError:
-        prefix, commutative, outputs = node._hash_parts = _hash_parts(node)
+        prefix, commutative, outputs, outer = node._hash_parts = _hash_parts(node)
     input_hashes = [value_hash[name] for name in node.inputs]
     if commutative:
         input_hashes.sort()
+    input_hashes += [value_hash[name] for name in outer]
     hasher = _BLAKE16.copy()
     hasher.update(prefix + _LEN16.join(input_hashes))
     node_hash = _LEN16 + hasher.digest()
@@ -107,11 +109,14 @@ def outputs_hash(graph: Graph, value_hash: dict[str, bytes]) -> str:
     return digest(*(value_hash[value.name] for value in graph.outputs)).hex()
 
 
-def _hash_parts(node) -> tuple[bytes, bool, list[tuple[str, bytes]]]:
+def _hash_parts(node) -> tuple[bytes, bool, list[tuple[str, bytes]], list[str]]:
     """What hashing a node needs besides its inputs, fixed for a Node (so cached on it): the
-    bytes before the input hashes, whether those are sorted, and each output's suffix."""
+    bytes before the input hashes, whether those are sorted, each output's suffix, and the
+    values its control-flow bodies read from the graph (hashed after its inputs, so that an
+    If whose branch reads another value is another computation)."""
+    outer = sorted(outer_scope_inputs(node))
     prefix = _LEN16 + _node_digest(node) + _length_prefixed(b"|")
-    if node.inputs:
+    if node.inputs or outer:
         prefix += _LEN16
     commutative = len(node.inputs) > 1 and node.op_type in COMMUTATIVE and is_standard(node.domain)
     outputs = [
@@ -119,7 +124,7 @@ def _hash_parts(node) -> tuple[bytes, bool, list[tuple[str, bytes]]]:
         for index, out in enumerate(node.outputs)
         if out
     ]
-    return prefix, commutative, outputs
+    return prefix, commutative, outputs, outer
 
 
 def _length_prefixed(data: bytes) -> bytes:
@@ -134,7 +139,7 @@ def _unchanged(node, parent_hashes: dict[str, bytes], parent_producers, value_ha
     for out in node.outputs:
         if out and parent_producers.get(out) is not node:
             return False
-    for name in node.inputs:
+    for name in (*node.inputs, *outer_scope_inputs(node)):
         if parent_hashes.get(name) != value_hash[name]:
             return False
     return True

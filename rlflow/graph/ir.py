@@ -189,11 +189,12 @@ class Graph:
         return self._producers
 
     def consumers(self, name: str) -> list[Node]:
-        """The nodes reading a value, in topological order."""
+        """The nodes reading a value, in topological order; an If, Loop or Scan whose body reads
+        the value from this graph counts as a reader too."""
         if self._consumers is None:
             consumers: dict[str, list[Node]] = {}
             for node in self.nodes:
-                for input_name in dict.fromkeys(node.present_inputs):
+                for input_name in dict.fromkeys([*node.present_inputs, *outer_scope_inputs(node)]):
                     consumers.setdefault(input_name, []).append(node)
             self._consumers = consumers
         return self._consumers.get(name, [])
@@ -272,7 +273,9 @@ class Graph:
         for value in values:
             new_values[value.name] = value
         if renames:
-            nodes = _apply_renames(nodes, renames, {v.name for v in self.outputs})
+            # Names read inside If/Loop bodies cannot be renamed there: keep them like outputs.
+            kept = {v.name for v in self.outputs}.union(*map(outer_scope_inputs, nodes))
+            nodes = _apply_renames(nodes, renames, kept)
         parent = None if self._value_hashes is None else (self._value_hashes, self._producer_map())
         return self._derive(nodes, new_initializers, new_values, parent).pruned()
 
@@ -284,6 +287,7 @@ class Graph:
             if any(out in live for out in node.outputs) or _has_side_effects(node):
                 kept.append(node)
                 live.update(node.present_inputs)
+                live.update(outer_scope_inputs(node))
         unused_consts = [name for name in self.initializers if name not in live]
         if len(kept) == len(self.nodes) and not unused_consts:
             return self
@@ -336,13 +340,14 @@ def _has_side_effects(node: Node) -> bool:
     return False
 
 
-def _apply_renames(nodes: list[Node], renames: dict[str, str], outputs: set[str]) -> list[Node]:
+def _apply_renames(nodes: list[Node], renames: dict[str, str], kept: set[str]) -> list[Node]:
     """Point readers of each renamed value at its replacement.
 
-    A renamed graph output keeps its name: the node producing the replacement is
-    given the output's name instead, so the model's interface never changes.
+    A renamed value in `kept` (graph outputs, values read inside control-flow bodies) keeps
+    its name: the node producing the replacement is given that name instead, so the model's
+    interface and the bodies never change.
     """
-    producer_renames = {new: old for old, new in renames.items() if old in outputs}
+    producer_renames = {new: old for old, new in renames.items() if old in kept}
     result = []
     for node in nodes:
         inputs = [renames.get(name, name) for name in node.inputs]
@@ -381,10 +386,11 @@ def topological_order(nodes: list[Node], available: set[str]) -> list[Node]:
             if out in producer_index or out in available:
                 raise GraphError(f"value {out!r} is defined more than once")
             producer_index[out] = index
+    reads = [set(node.present_inputs) | outer_scope_inputs(node) for node in nodes]
     waiting = [0] * len(nodes)
     readers: list[list[int]] = [[] for _ in nodes]
     for index, node in enumerate(nodes):
-        for name in set(node.present_inputs) | _outer_scope_inputs(node):
+        for name in reads[index]:
             if name in available:
                 continue
             source = producer_index.get(name)
@@ -392,7 +398,7 @@ def topological_order(nodes: list[Node], available: set[str]) -> list[Node]:
                 raise GraphError(f"{node.op_type} node reads {name!r}, which nothing produces")
             waiting[index] += 1
             readers[source].append(index)
-    if _is_ordered(nodes, available):
+    if _is_ordered(nodes, reads, available):
         return nodes
     import heapq
 
@@ -411,21 +417,33 @@ def topological_order(nodes: list[Node], available: set[str]) -> list[Node]:
     return order
 
 
-def _is_ordered(nodes: list[Node], available: set[str]) -> bool:
-    """True when every node reads only values defined before it (one pass, no sorting)."""
+def _is_ordered(nodes: list[Node], reads: list[set[str]], available: set[str]) -> bool:
+    """True when every node reads (`reads`, bodies included) only values defined before it
+    (one pass, no sorting)."""
     defined = set(available)
-    for node in nodes:
-        for name in node.inputs:
-            if name not in defined:
-                return False
+    for node, names in zip(nodes, reads):
+        if not names <= defined:
+            return False
         defined.update(node.outputs)
     return True
 
 
-def _outer_scope_inputs(node: Node) -> set[str]:
-    """Names a control-flow body (If/Loop/Scan) reads from the enclosing graph."""
+def outer_scope_inputs(node: Node) -> frozenset[str]:
+    """Names a control-flow body (If/Loop/Scan) reads from the enclosing graph: ONNX lets a
+    body use any value in scope, and such a read appears in no input list. Cached on the node
+    (nodes are not changed once made): ordering, pruning and hashing all ask."""
+    try:
+        return node._outer_scope_inputs  # type: ignore[attr-defined]
+    except AttributeError:
+        names = frozenset(_body_free_names(node.attrs.values()))
+        node._outer_scope_inputs = names  # type: ignore[attr-defined]
+        return names
+
+
+def _body_free_names(attributes: Iterable[onnx.AttributeProto]) -> set[str]:
+    """The names the graph-valued `attributes` read without defining them."""
     names: set[str] = set()
-    for proto in node.attrs.values():
+    for proto in attributes:
         if proto.type == onnx.AttributeProto.GRAPH:
             names |= _free_names(proto.g)
         elif proto.type == onnx.AttributeProto.GRAPHS:
@@ -436,11 +454,10 @@ def _outer_scope_inputs(node: Node) -> set[str]:
 
 def _free_names(body: onnx.GraphProto) -> set[str]:
     defined = {v.name for v in body.input} | {t.name for t in body.initializer}
+    defined |= {t.values.name for t in body.sparse_initializer}
     free: set[str] = set()
     for node in body.node:
         free.update(name for name in node.input if name and name not in defined)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                free.update(n for n in _free_names(attr.g) if n not in defined)
+        free.update(name for name in _body_free_names(node.attribute) if name not in defined)
         defined.update(node.output)
     return free

@@ -21,7 +21,7 @@ from onnx import helper, numpy_helper
 from rlflow.graph import Graph, GraphError, Node, Value, topological_order
 from rlflow.graph.derive import Derivation
 from rlflow.graph.domains import STANDARD_DOMAINS, onnx_opset
-from rlflow.graph.ir import _outer_scope_inputs
+from rlflow.graph.ir import outer_scope_inputs
 
 # Constants up to this size are handed to ONNX shape inference as data (Reshape's shape, ...).
 _SMALL_CONST = 4096
@@ -158,7 +158,7 @@ def _infer_values(
     known: dict[str, Value] = {}
     # Only the new nodes' own names matter to their order; asking the graph about those alone
     # lets a rewrite be reused on another graph that answers alike (RewriteMemo).
-    names = {n for node in nodes for n in (*node.inputs, *node.outputs, *_outer_scope_inputs(node))}
+    names = {n for node in nodes for n in (*node.inputs, *node.outputs, *outer_scope_inputs(node))}
     available = {n for n in names if n in graph.values or n in replacement.initializers} | {""}
     try:
         ordered = topological_order(nodes, available - old_names)
