@@ -672,15 +672,7 @@ def _default_rules(portable: bool) -> RuleSet:
 
 
 def _model_path(model: str, size: str) -> Path:
-    """A zoo name's cached export, or the path itself."""
-    path = Path(model)
-    if model.endswith(".onnx") or len(path.parts) > 1:
-        return path  # load_model says clearly if it is missing or not ONNX
-    from rlflow import zoo  # lazy: it imports torch, which an env on .onnx files never needs
+    """A zoo name's cached export, or the file (`rlflow.zoo.MODEL_RULE`, as every command)."""
+    from rlflow import zoo
 
-    if model not in zoo.MODEL_NAMES:
-        raise RlflowError(
-            f"model {model!r} is neither a zoo name ({', '.join(zoo.MODEL_NAMES)}) "
-            "nor a path to an .onnx file"
-        )
-    return zoo.cached_path(model, size)
+    return zoo.model_path(model, size)

@@ -1,6 +1,9 @@
 """`rlflow <command>`: the command line. Each command lives in rlflow/commands/.
 
 Errors a user can cause end as one line on stderr and exit code 2.
+
+Only the command asked for is imported: the commands' modules pull in onnx, onnxruntime or
+torch, and `rlflow zoo list` or a misspelt path must not wait seconds for all of them.
 """
 
 from __future__ import annotations
@@ -12,36 +15,49 @@ import sys
 from rlflow import __version__
 from rlflow.errors import RlflowError
 
-# Command modules, in the order `rlflow --help` lists them.
-COMMANDS = (
-    "zoo_cmd",
-    "inspect",
-    "measure",
-    "rules_cmd",
-    "search",
-    "collect",
-    "train_wm",
-    "train_ppo",
-    "train_controller",
-    "optimize",
-    "bench",
-)
+COMMANDS = {
+    "zoo": "zoo_cmd",
+    "inspect": "inspect",
+    "measure": "measure",
+    "rules": "rules_cmd",
+    "search": "search",
+    "collect": "collect",
+    "train-wm": "train_wm",
+    "train-ppo": "train_ppo",
+    "train-controller": "train_controller",
+    "optimize": "optimize",
+    "bench": "bench",
+}
+"""Command name -> its module in rlflow/commands/, in the order `rlflow --help` lists them."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, given `command`, of that one only (the others are
+    there by name, so that argparse still knows them)."""
     parser = argparse.ArgumentParser(
         prog="rlflow",
         description="Make ONNX models faster by learned, verified graph rewriting.",
     )
     parser.add_argument("--version", action="version", version=f"rlflow {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"rlflow.commands.{name}").add_parser(subparsers)
+    for name, module in COMMANDS.items():
+        if command is None or name == command:
+            importlib.import_module(f"rlflow.commands.{module}").add_parser(subparsers)
+        else:
+            subparsers.add_parser(name)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command named in `argv` (the first word not an option: rlflow's own options take no
+    value), or None when there is none or it is unknown (then argparse says so)."""
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_command(argv)).parse_args(argv)
     try:
         return args.run(args)
     except RlflowError as error:

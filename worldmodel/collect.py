@@ -287,16 +287,13 @@ def prepare(settings: CollectSettings, out: Path) -> tuple[dict[str, Any], list[
 
 
 def _check_models(models: list[str]) -> None:
-    """Fail before anything is written when a model is neither a zoo name nor a file."""
+    """Fail before anything is written when a model is neither a zoo name nor a file (the rule
+    of `rlflow.zoo.MODEL_RULE`; a zoo model is exported later, by the env)."""
     from rlflow import zoo
 
     for model in models:
-        if model in zoo.MODEL_NAMES or Path(model).is_file():
-            continue
-        raise RlflowError(
-            f"model {model!r} is neither a zoo name ({', '.join(zoo.MODEL_NAMES)}) "
-            "nor an .onnx file"
-        )
+        if zoo.zoo_name(model) is None:
+            zoo.model_path(model)
 
 
 def update_totals(manifest: dict[str, Any]) -> None:

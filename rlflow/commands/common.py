@@ -1,23 +1,32 @@
-"""What several commands share: resolving MODEL (zoo name or .onnx path), `--json` output and
-the torch thread count of the learning commands."""
+"""What several commands share: resolving MODEL (zoo name or .onnx path), checking flags and
+output paths before any work, `--json` output and the torch thread count of the learning
+commands.
+
+Nothing heavy is imported here at module level (onnx, onnxruntime, torch): every command
+imports this module, and a bad flag must be reported at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_bytes_atomic as write_atomic  # noqa: F401 (commands use it)
-from rlflow.graph import Graph, load_model
+from rlflow.zoo import MODEL_RULE
+
+if TYPE_CHECKING:
+    from rlflow.graph import Graph
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, nargs: str | None = None) -> None:
     parser.add_argument(
-        "model", nargs=nargs, metavar="MODEL", help="a zoo name (rlflow zoo list) or an .onnx path"
+        "model", nargs=nargs, metavar="MODEL", help=f"a zoo name or an .onnx path: {MODEL_RULE}"
     )
     add_model_options(parser)
 
@@ -55,44 +64,95 @@ def set_torch_threads(threads: int) -> None:
 
 
 def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    """`--input-shape NAME=1x3x224x224` flags as {name: dims}; every dim at least 1, each name
+    once. Whether they fit the model (inputs it has, dims it fixes) is checked as it loads."""
     shapes: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         name, sep, dims = spec.rpartition("=")
         try:
             if not sep or not name:
                 raise ValueError
-            shapes[name] = tuple(int(d) for d in dims.lower().split("x"))
-            if any(d < 0 for d in shapes[name]):
-                raise ValueError
+            shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
             raise RlflowError(f"bad --input-shape {spec!r}: expected NAME=1x3x224x224") from None
+        if any(d < 1 for d in shape):
+            raise RlflowError(f"bad --input-shape {spec!r}: every dim must be at least 1")
+        if name in shapes:
+            raise RlflowError(f"--input-shape gives {name} twice")
+        shapes[name] = shape
     return shapes
 
 
 def model_path(spec: str, size: str = "small") -> Path:
-    """The .onnx file MODEL names: a path as given, or the zoo's cached export."""
-    path = Path(spec)
-    if path.is_file():
-        return path
-    if spec.endswith(".onnx") or os.sep in spec or path.exists():
-        raise RlflowError(f"no such file: {spec}" if not path.exists() else f"{spec} is not a file")
+    """The .onnx file MODEL names (`rlflow.zoo.model_path`: a zoo name's cached export, else the
+    file). A zoo name wins over a local file of that name; that is said on stderr."""
     from rlflow import zoo
 
-    if spec in zoo.MODEL_NAMES:
-        return zoo.cached_path(spec, size)
-    names = ", ".join(zoo.MODEL_NAMES)
-    raise RlflowError(f"unknown model {spec!r}: not a file and not a zoo model ({names})")
+    if zoo.zoo_name(spec) is not None and Path(spec).is_file():
+        stderr(f"rlflow: MODEL {spec} is the zoo model; write ./{spec} for the local file")
+    return zoo.model_path(spec, size)
 
 
 def resolve_model(spec: str, size: str = "small", input_shapes: list[str] | None = None) -> Graph:
     """Load MODEL into a Graph; errors are RlflowError with a one-line message."""
-    return load_model(model_path(spec, size), parse_input_shapes(input_shapes or []))
+    from rlflow.graph import load_model
+
+    shapes = parse_input_shapes(input_shapes or [])  # a bad flag fails before a zoo export
+    return load_model(model_path(spec, size), shapes)
 
 
 def model_label(spec: str, size: str) -> str:
+    """How results name MODEL: `name:size` for a zoo model, the path as given for a file."""
     from rlflow import zoo
 
-    return f"{spec}:{size}" if spec in zoo.MODEL_NAMES and not Path(spec).is_file() else spec
+    return f"{spec}:{size}" if zoo.zoo_name(spec) is not None else spec
+
+
+# ---- checks before any work ------------------------------------------------------------------
+
+
+def check_number(flag: str, value: float | None, minimum: float) -> None:
+    """RlflowError unless `value` (None: the flag was not given) is a finite number of at least
+    `minimum`: argparse's float() takes "nan" and "inf", which no setting means."""
+    if value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < minimum:
+        raise RlflowError(f"{flag} must be a number of at least {minimum:g}, got {value}")
+
+
+def check_output_file(flag: str, path: str | Path) -> None:
+    """RlflowError unless a file can be written at `path`: it is not a directory and its
+    folder (made on writing if missing) can be written in. Commands check this before their
+    work, so that a search of minutes never ends in a failed write."""
+    path = Path(path)
+    if path.is_dir():
+        raise RlflowError(f"{flag} {path} is a directory; give a file name")
+    _check_writable(flag, path, path.parent)
+
+
+def check_output_dir(flag: str, path: str | Path) -> None:
+    """RlflowError unless `path` is, or can be made as, a directory that can be written in."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RlflowError(f"{flag} {path} exists and is not a directory")
+    _check_writable(flag, path, path)
+
+
+def _check_writable(flag: str, target: Path, folder: Path) -> None:
+    """Probe `folder`, or its nearest existing ancestor, with a temporary file: the one test
+    that answers for permissions, read-only mounts and root alike."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise RlflowError(f"{flag} {target}: {existing} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise RlflowError(f"{flag} {target}: cannot write in {existing} ({reason})") from None
 
 
 def print_json(payload: dict[str, Any]) -> None:

@@ -5,11 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-from onnx import helper
-
 from rlflow.commands.common import add_model_arguments, model_path, parse_input_shapes, print_json
-from rlflow.graph import load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,9 +16,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rlflow.graph import load_model
+
+    shapes = parse_input_shapes(args.input_shape)
     path = model_path(args.model, args.size)
     start = time.perf_counter()
-    graph = load_model(path, parse_input_shapes(args.input_shape))
+    graph = load_model(path, shapes)
     load_s = time.perf_counter() - start
     weight_bytes = int(sum(array.nbytes for array in graph.initializers.values()))
     summary = {
@@ -31,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
         "nodes": len(graph.nodes),
         "constants": len(graph.initializers),
         "weight_mb": round(weight_bytes / 2**20, 2),
-        "inputs": {v.name: _describe(v) for v in graph.inputs},
-        "outputs": {v.name: _describe(v) for v in graph.outputs},
+        "inputs": {v.name: describe_value(v) for v in graph.inputs},
+        "outputs": {v.name: describe_value(v) for v in graph.outputs},
         "op_counts": dict(sorted(graph.op_counts().items(), key=lambda kv: -kv[1])),
         "hash": graph.canonical_hash(),
         "load_s": round(load_s, 3),
@@ -53,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(value) -> str:
+def describe_value(value) -> str:
+    """A value as users read it: `float32[1x3x224x224]`."""
+    import numpy as np
+    from onnx import helper
+
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(value.dtype)).name
     return f"{dtype}[{'x'.join(map(str, value.shape))}]"
