@@ -46,8 +46,10 @@ from rlflow.tensorboard import TensorBoard
 
 CHECKPOINT_VERSION = 1
 CHECKPOINT = Path("checkpoints") / "latest.pt"
-ARCHITECTURE_FIELDS = ("scorer", "hidden", "layers", "heads", "portable")
-"""Fields a rerun must keep to resume a run: they shape the network or its rule vocabulary."""
+MAY_CHANGE = ("total_steps", "torch_threads")
+"""The only settings a rerun may change when it continues a run: how far it trains and how many
+threads it trains with. Any other change would make the run's checkpoint, curves and
+config.yaml describe two different trainings."""
 ENV_FIELDS = (
     "size",
     "cost",
@@ -279,7 +281,6 @@ def train(
             )
         scorer.load_state_dict(resumed["model"])
         optimizer.load_state_dict(resumed["optimizer"])
-        optimizer.param_groups[0]["lr"] = config.learning_rate  # the rerun's, if changed
         global_step, update = resumed["global_step"], resumed["update"]
         episode = resumed["episodes"]
         real_measurements_before, wall_before = resumed["real_measurements"], resumed["wall_s"]
@@ -472,12 +473,14 @@ def train(
 
 
 def _check_resumable(saved: dict[str, Any], config: PPOConfig, run_dir: Path) -> None:
-    changed = [name for name in ARCHITECTURE_FIELDS if saved.get(name) != getattr(config, name)]
+    """RlflowError when a rerun asks for other settings than the run it would continue."""
+    wanted = config.to_dict()
+    changed = [n for n in wanted if n not in MAY_CHANGE and saved.get(n) != wanted[n]]
     if changed:
-        details = ", ".join(f"{n}: {saved.get(n)!r} -> {getattr(config, n)!r}" for n in changed)
+        details = ", ".join(f"{n} {saved.get(n)!r} -> {wanted[n]!r}" for n in changed)
         raise RlflowError(
-            f"{run_dir} holds a run with another network ({details}); "
-            "train into a new --out or keep these settings"
+            f"{run_dir} holds a PPO run made with other settings ({details}); rerun with its "
+            "settings, train into a new --out, or pass --force to start it over"
         )
 
 

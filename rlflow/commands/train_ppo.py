@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import check_output_dir, print_json
 from rlflow.errors import RlflowError
 
 
@@ -46,8 +46,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--portable", action="store_true", default=None, help="only standard-ONNX rules"
     )
-    parser.add_argument(
+    rerun = parser.add_mutually_exclusive_group()
+    rerun.add_argument(
         "--resume", action="store_true", help="require RUN_DIR to hold a checkpoint to continue"
+    )
+    rerun.add_argument(
+        "--force",
+        action="store_true",
+        help="start RUN_DIR's run over (its checkpoint, progress, config and curves go); "
+        "without it, a rerun continues the run and may change only --total-steps",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
@@ -102,8 +109,7 @@ importing torch, so that the quick errors stay quick."""
 
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RlflowError(f"--out {run_dir} exists and is not a directory")
+    check_output_dir("--out", run_dir)
     if args.resume and not (run_dir / CHECKPOINT).is_file():
         raise RlflowError(f"--resume: no PPO checkpoint at {run_dir / CHECKPOINT}")
     if not args.model and not args.config and not (run_dir / "config.yaml").is_file():
@@ -111,9 +117,11 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.agents.ppo import load_checkpoint, train
 
-    if (run_dir / CHECKPOINT).exists():
-        load_checkpoint(run_dir)  # refuse a corrupt checkpoint before any work
     config = resolve_config(args)
+    if args.force:
+        start_over(run_dir)
+    elif (run_dir / CHECKPOINT).exists():
+        load_checkpoint(run_dir)  # refuse a corrupt checkpoint before any work
     summary = train(config, run_dir, progress=not args.no_progress)
     if args.json:
         print_json(summary)
@@ -125,3 +133,17 @@ def run(args: argparse.Namespace) -> int:
             f"{summary['mean_speedup'] or 1.0:.3f}; checkpoint {run_dir / CHECKPOINT}"
         )
     return 0
+
+
+def start_over(run_dir: Path) -> None:
+    """Remove what a PPO run wrote into RUN_DIR (`--force`), so that training starts afresh
+    there; other files in RUN_DIR are left alone."""
+    from rlflow.tensorboard import EVENT_FILE_PREFIX
+
+    for path in (
+        run_dir / CHECKPOINT,
+        run_dir / "progress.json",
+        run_dir / "config.yaml",
+        *run_dir.glob(f"{EVENT_FILE_PREFIX}*"),
+    ):
+        path.unlink(missing_ok=True)

@@ -137,7 +137,7 @@ def test_rerun_resumes_and_continues_the_step_count(tmp_path) -> None:
     finished = train(tiny_config(total_steps=40), tmp_path, progress=False)
     assert finished["global_step"] == 40  # nothing left to do
 
-    with pytest.raises(RlflowError, match="another network"):
+    with pytest.raises(RlflowError, match=r"other settings \(hidden 16 -> 32\)"):
         train(tiny_config(total_steps=60, hidden=32), tmp_path, progress=False)
 
 
