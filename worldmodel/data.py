@@ -18,6 +18,7 @@ masked no-op), `action_site (K,)`, `reward`, `terminated`, `truncated`, `next_ac
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -28,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from rlflow.cost.cache import write_json_atomic
 from rlflow.errors import RlflowError, first_line
-from rlflow.fileio import write_bytes_atomic
+from rlflow.fileio import write_bytes_atomic, write_json_atomic
 
 SHARD_FORMAT = 1
 MANIFEST = "manifest.json"
@@ -276,6 +276,14 @@ class RolloutData:
     @property
     def num_rules(self) -> int:
         return len(self.manifest["rule_names"])
+
+    @property
+    def digest(self) -> str:
+        """What identifies these rollouts: a digest of the manifest's finished shards. A world
+        model records it, so that a rerun on a directory `rlflow collect` has grown since is
+        told so instead of resuming with indices into other data."""
+        shards = json.dumps(self.manifest.get("shards", {}), sort_keys=True)
+        return hashlib.sha256(shards.encode("utf-8")).hexdigest()[:16]
 
     # ---- observations -----------------------------------------------------------------------
 

@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from torch_geometric.data import Batch
 
-from rlflow.cost.cache import write_json_atomic
 from rlflow.errors import RlflowError
-from rlflow.fileio import write_torch_atomic
+from rlflow.fileio import write_json_atomic, write_torch_atomic
 from rlflow.nn import graph_to_data
 from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.data import RolloutData
@@ -234,6 +233,7 @@ def train_vae(
                 "val": val,
                 "summary_mean": torch.as_tensor(summary_mean),
                 "summary_scale": torch.as_tensor(summary_scale),
+                "data_digest": data.digest,
             },
         )
         bar.update(1)
@@ -416,22 +416,40 @@ def train_rnn(
 # ---- the whole of train-wm ----------------------------------------------------------------------
 
 
-def train_world_model(
-    data_dir: str | Path,
-    run_dir: str | Path,
-    settings: WorldModelSettings,
-    *,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """V, then the latents of every observation, then M; returns the run's summary."""
-    settings.validate()
-    run_dir = Path(run_dir)
+def training_data(data_dir: str | Path, run_dir: str | Path) -> RolloutData:
+    """The rollouts of DATA_DIR, every shard read and checked for training into RUN_DIR:
+    RlflowError for a damaged shard, too few episodes, or a RUN_DIR trained on other data (a
+    directory that `rlflow collect` has grown since, or another one), whose checkpoints,
+    latents and episode indices would be mixed with these. Nothing is written."""
     data = RolloutData.load(data_dir)
     if data.num_episodes < 2:
         raise RlflowError(
             f"{data_dir} holds {data.num_episodes} episode; the world model needs at least 2 "
             "(one is held out)"
         )
+    path = Path(run_dir) / VAE_CHECKPOINT
+    if path.exists() and load_checkpoint(path, "VAE checkpoint").get("data_digest") != data.digest:
+        raise RlflowError(
+            f"--data {data_dir} is not what {run_dir} was trained on (it has changed since, "
+            f"and holds {data.num_episodes} episodes now); train into a new --out"
+        )
+    return data
+
+
+def train_world_model(
+    data_dir: str | Path,
+    run_dir: str | Path,
+    settings: WorldModelSettings,
+    *,
+    progress: bool = True,
+    data: RolloutData | None = None,
+) -> dict[str, Any]:
+    """V, then the latents of every observation, then M; returns the run's summary. `data`:
+    DATA_DIR's rollouts if already read by `training_data`."""
+    settings.validate()
+    run_dir = Path(run_dir)
+    if data is None:
+        data = training_data(data_dir, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     train_episodes, val_episodes = data.episodes_split(settings.holdout, settings.seed)
     with TensorBoard(run_dir) as logger:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import check_output_dir, print_json
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = ["episodes", "policy", "size", "cost", "seed", "episodes_per_shard", "stop_probability"]
@@ -43,9 +43,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    check_output_dir("--out", args.out)  # before torch loads
+
     from rlflow.worldmodel.collect import CollectSettings, collect
 
-    started = time.perf_counter()
     settings = settings_from(args, CollectSettings, "collect", FLAGS, models=args.model)
     before = _finished_shards(args.out)
     manifest = collect(settings, args.out, workers=args.workers, progress=not args.quiet)

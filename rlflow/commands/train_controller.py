@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import check_output_dir, print_json, stderr
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = [
@@ -68,13 +68,16 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from rlflow.config import write_run_config
-    from rlflow.cost.cache import write_json_atomic
     from rlflow.errors import RlflowError
+    from rlflow.fileio import write_json_atomic
+
+    started = time.perf_counter()
+    check_output_dir("--out", args.out)  # before torch loads
+
     from rlflow.worldmodel.controller import ControllerSettings
     from rlflow.worldmodel.model import WorldModel
     from rlflow.worldmodel.train_controller import train_controller
 
-    started = time.perf_counter()
     settings = settings_from(args, ControllerSettings, "train_controller", FLAGS)
     settings.validate()
     if args.random_episodes < 0:
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         config,
         may_change=("generations", "ppo_iterations", "eval_dream_episodes"),
     )
-    print(f"tensorboard --logdir {out}")
+    stderr(f"tensorboard --logdir {out}")
     trained = train_controller(args.wm, out, settings, progress=not args.quiet)
     world = WorldModel.from_bundle(out / "world_model.pt")
     collected = world.meta.get("collect_totals", {})

@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from rlflow.commands.common import print_json
+from rlflow.commands.common import check_output_dir, print_json, stderr
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "seed"]
@@ -36,18 +36,23 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.config import write_run_config
     from rlflow.worldmodel.data import read_manifest
-    from rlflow.worldmodel.train import WorldModelSettings, train_world_model
 
     started = time.perf_counter()
+    # A bad --out or DATA_DIR fails before torch loads and before RUN_DIR is made.
+    check_output_dir("--out", args.out)
+    read_manifest(Path(args.data))
+
+    from rlflow.worldmodel.train import WorldModelSettings, train_world_model, training_data
+
     settings = settings_from(args, WorldModelSettings, "train_wm", FLAGS)
     settings.validate()
-    read_manifest(Path(args.data))  # a bad DATA_DIR fails before RUN_DIR is made
+    data = training_data(args.data, args.out)  # every shard read: still nothing written
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"data": str(Path(args.data).resolve()), **asdict(settings)}
     write_run_config(out, "world_model", config, may_change=("vae_epochs", "rnn_epochs"))
-    print(f"tensorboard --logdir {out}")
-    summary = train_world_model(args.data, out, settings, progress=not args.quiet)
+    stderr(f"tensorboard --logdir {out}")
+    summary = train_world_model(args.data, out, settings, progress=not args.quiet, data=data)
     summary["wall_s"] = time.perf_counter() - started
     if args.json:
         print_json(summary)
