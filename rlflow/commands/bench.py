@@ -23,7 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlflow.commands.common import model_label, model_path, print_json
+from rlflow.commands.common import (
+    check_number,
+    check_output_dir,
+    model_label,
+    model_path,
+    print_json,
+)
 from rlflow.config import read_yaml
 from rlflow.errors import RlflowError
 from rlflow.optimize import Method
@@ -79,7 +85,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cost",
         choices=COST_MODELS,
-        help="cost model ranking graphs (default analytic; an agent: its env's reward source)",
+        help="cost model ranking a search's graphs (default: perop offline, analytic online; "
+        "an agent: its env's reward source)",
     )
     parser.add_argument("--episodes", type=int, help="agent rollouts per model (default 4)")
     parser.add_argument("--top-k", type=int, help="best graphs a method times at its end")
@@ -153,8 +160,9 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         knob_of(str(options["start"]), OrtSettings())  # a one-line error for a bad name
     if options["size"] not in ("small", "medium", "full"):
         raise RlflowError(f"size must be small, medium or full, got {options['size']!r}")
-    if options["min_time"] is not None and options["min_time"] < 0:
-        raise RlflowError(f"--min-time must be at least 0, got {options['min_time']}")
+    for key, minimum in (("budget", 1), ("episodes", 1), ("top_k", 1), ("threads", 1)):
+        check_number(f"--{key.replace('_', '-')}", options[key], minimum)
+    check_number("--min-time", options["min_time"], 0.0)
     options["methods"] = [Method.parse(method) for method in options["methods"]]
     labels = [method.label for method in options["methods"]]
     if len(set(labels)) != len(labels):
@@ -224,10 +232,9 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.cost.cache import read_json
 
     started = time.perf_counter()
+    check_output_dir("--out", args.out)
     options = resolve_options(args)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise RlflowError(f"--out {out} exists and is not a directory")
     results_path = out / "results.json"
     state = {} if args.fresh else read_json(results_path)
     if state and state.get("settings") != _fingerprint(options):

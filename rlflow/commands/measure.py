@@ -10,11 +10,13 @@ import argparse
 
 from rlflow.commands.common import (
     add_model_arguments,
+    check_number,
     model_label,
     print_json,
     resolve_model,
 )
 from rlflow.cost import ORT_LEVELS, OrtSettings, Runner, check_equivalence
+from rlflow.errors import RlflowError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +41,8 @@ def add_ort_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_number("--runs", args.runs, 1)
+    check_number("--threads", args.threads, 1)
     settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
     runner = Runner(settings, runs=args.runs)
     models = [resolve_model(args.model, args.size, args.input_shape)]
@@ -46,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
     if args.vs:
         models.append(resolve_model(args.vs, args.size, args.input_shape))
         labels.append(model_label(args.vs, args.size))
+        difference = input_difference(models[0], models[1])
+        if difference:
+            raise RlflowError(
+                f"--vs {args.vs} does not take the same inputs as {args.model} ({difference}); "
+                "both are fed the same arrays"
+            )
     comparison = runner.compare(models)
     result = {
         "model": labels[0],
@@ -78,6 +88,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_table(result, comparison, labels)
     return 0
+
+
+def input_difference(first, second) -> str | None:
+    """How two graphs' inputs differ (names, then types and shapes), or None if they agree."""
+    from rlflow.commands.inspect import describe_value
+
+    ours = {value.name: value for value in first.inputs}
+    theirs = {value.name: value for value in second.inputs}
+    if ours.keys() != theirs.keys():
+        return f"inputs {', '.join(sorted(ours))} against {', '.join(sorted(theirs))}"
+    for name, value in ours.items():
+        other = theirs[name]
+        if (value.dtype, value.shape) != (other.dtype, other.shape):
+            return f"{name}: {describe_value(value)} against {describe_value(other)}"
+    return None
 
 
 def print_table(result: dict, comparison, labels: list[str]) -> None:

@@ -6,7 +6,14 @@ import argparse
 import sys
 import time
 
-from rlflow.commands.common import add_model_arguments, model_label, print_json, resolve_model
+from rlflow.commands.common import (
+    add_model_arguments,
+    check_number,
+    check_output_file,
+    model_label,
+    print_json,
+    resolve_model,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -118,6 +125,9 @@ def _generate(args: argparse.Namespace) -> int:
     from rlflow.rewrite.template import GENERATED_PATH
 
     output = args.output or GENERATED_PATH
+    check_number("--max-ops", args.max_ops, 1)
+    check_number("--inputs", args.inputs, 1)
+    check_output_file("-o", output)
     started = time.perf_counter()
     stats: dict[str, int] = {}
     rules = write_rules(
@@ -133,10 +143,11 @@ def _generate(args: argparse.Namespace) -> int:
     for stage in (*STAGES, *sorted(set(stats) - set(STAGES))):
         if stage in stats:
             print(f"{stage:>48}: {stats[stage]}", file=sys.stderr)
-    print(f"wrote {len(rules)} rules to {output} in {wall:.0f} s")
     if args.json:
         summary = {"rules": len(rules), "path": str(output), "wall_s": round(wall, 1)}
         print_json({**summary, "stages": stats})
+    else:
+        print(f"wrote {len(rules)} rules to {output} in {wall:.0f} s")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from rlflow.commands.common import print_json, write_atomic
+from rlflow.commands.common import check_output_file, print_json, write_atomic
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
             for name in zoo.MODEL_NAMES:
                 print(f"{name:<{width}}  {zoo.describe(name)}")
         return 0
+    check_output_file("-o", args.output)
     source = zoo.cached_path(args.name, args.size)
     with open(source, "rb") as handle:
         write_atomic(args.output, handle.read())

@@ -8,7 +8,7 @@ graph's minimum, `LOW_RANK`-th (3rd) smallest and median run are reported beside
 ratio of the 3rd-smallest runs is kept as secondary information. Results are cached by
 (graph hash, settings), in memory and optionally on disk.
 
-Why the median of pairs (this departs from DESIGN.md's "compare the minimum", on evidence
+Why the median of pairs (this departs from the first design's "compare the minimum", on evidence
 from this machine, docs/BENCHMARKS.md "Measurement"): a model measured against itself 10
 times per setting, `scripts/bench_cost.py squeezenet-1.1 resnet-18 --size full --reps 10` on
 a quiet machine (load 0.5-1), gave 0.987-1.014 for the median of pairs in all 40
@@ -19,9 +19,9 @@ median of pairs in 53 of 60, the 3rd smallest in 26 and the minimum in 28. The l
 statistics are extreme values: a graph's fastest runs are rare moments when nothing else
 held the core, so which graph got them is luck, even on a quiet machine. A pair, by
 contrast, is two runs a block apart, which mostly saw the same load; the median over
-hundreds of pairs ignores the pairs the load split, whichever way it split them. (DESIGN.md
-had found per-pair ratios much noisier than minima; with the adaptive timing below, on this
-machine, it is the other way round.)
+hundreds of pairs ignores the pairs the load split, whichever way it split them. (The first
+design had found per-pair ratios much noisier than minima; with the adaptive timing below,
+on this machine, it is the other way round.)
 
 How long to time is adaptive by default: a fixed quarter second per graph let a 10-ms model
 measured against itself stray to 0.90-1.26 here, so rounds of blocks go on until every
@@ -342,8 +342,10 @@ class Runner:
         stop: AdaptiveStop | None = None,
         low_rank: int = LOW_RANK,
     ) -> None:
-        if min(runs, block, warmup, max_runs, low_rank) < 1:
-            raise RlflowError("warmup, runs, max_runs, block and low_rank must be at least 1")
+        counts = dict(warmup=warmup, runs=runs, max_runs=max_runs, block=block, low_rank=low_rank)
+        for name, count in counts.items():
+            if count < 1:
+                raise RlflowError(f"the Runner's {name} must be at least 1, got {count}")
         if min_time_s is not None and min_time_s < 0:
             raise RlflowError(f"min_time_s must be at least 0, got {min_time_s}")
         self.settings = (settings or OrtSettings()).resolved()
@@ -411,7 +413,13 @@ class Runner:
         signature = sorted((s.name, s.dtype, s.shape) for s in sources[0].inputs)
         for index, source in enumerate(sources[1:], start=1):
             if sorted((s.name, s.dtype, s.shape) for s in source.inputs) != signature:
-                raise RlflowError(f"model {index} does not take the same inputs as model 0")
+                first, other = (
+                    ", ".join(spec.describe() for spec in s.inputs) for s in (sources[0], source)
+                )
+                raise RlflowError(
+                    f"graphs compared must take the same inputs: graph {index + 1} takes "
+                    f"{other}, the first {first}"
+                )
         chosen = [
             self.settings_for(source) if given is None else given.resolved()
             for source, given in zip(sources, settings or [None] * len(sources), strict=True)
