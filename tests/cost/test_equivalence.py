@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rlflow.cost import EquivalenceChecker, check_equivalence
+from rlflow.cost.equivalence import MAGNITUDES
 from rlflow.errors import RlflowError
 from rlflow.graph import load_model
 
@@ -120,3 +121,51 @@ def test_integer_inputs_in_range_and_integer_outputs_exact(build):
     assert check_equivalence(model("ArgMax"), model("ArgMax")).equivalent
     report = check_equivalence(model("ArgMax"), model("ArgMin"))
     assert not report.equivalent and "exact match" in report.reason
+
+
+def _doubling(build, extra: list | None = None, consts: dict | None = None):
+    """y = 2x, or 2x followed by `extra` nodes reading t and writing y."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["t" if extra else "y"]), *(extra or [])]
+    io = [("x", TensorProto.FLOAT, [8, 8])], [("y", TensorProto.FLOAT, [8, 8])]
+    return build(nodes, *io, {"two": np.full(1, 2.0, np.float32), **(consts or {})})
+
+
+def test_small_magnitudes_catch_an_absolute_offset(build):
+    """An offset of 1e-5 hides in the slack of unit-scale outputs; at inputs of 1e-3 the
+    tolerance follows the outputs' scale down, and it shows."""
+    reference = _doubling(build)
+    offset = _doubling(
+        build, [helper.make_node("Add", ["t", "eps"], ["y"])], {"eps": np.full(1, 1e-5, np.float32)}
+    )
+    assert check_equivalence(reference, offset).equivalent
+    report = check_equivalence(reference, offset, scales=MAGNITUDES)
+    assert not report.equivalent and "inputs x 0.001" in report.reason
+
+
+def test_large_magnitudes_catch_a_clamp(build):
+    reference = _doubling(build)
+    clamped = _doubling(
+        build,
+        [helper.make_node("Clip", ["t", "low", "high"], ["y"])],
+        {"low": np.array(-100, np.float32), "high": np.array(100, np.float32)},
+    )
+    assert check_equivalence(reference, clamped).equivalent
+    report = check_equivalence(reference, clamped, scales=MAGNITUDES)
+    assert not report.equivalent and "inputs x 1000" in report.reason
+
+
+def test_rounding_passes_at_every_magnitude_and_errors_are_the_unit_sets(build):
+    """A relative error of 1e-6 (rounding) stays within tolerance at every scale; the reported
+    errors are those at unit scale, comparable with any other report."""
+    reference = _doubling(build)
+    rounded = _doubling(
+        build,
+        [helper.make_node("Mul", ["t", "nudge"], ["y"])],
+        {"nudge": np.full(1, 1 + 2**-20, np.float32)},
+    )
+    report = check_equivalence(reference, rounded, seeds=(0, 1), scales=MAGNITUDES)
+    assert report.equivalent, report.reason
+    assert "6 input sets" in report.reason and "1000, 0.001" in report.reason
+    unit = check_equivalence(reference, rounded, seeds=(0, 1))
+    assert report.max_abs_err == unit.max_abs_err < 1e-5
+    assert report.inputs == {"x": {"dtype": "float", "normal_scales": [1.0, 1e3, 1e-3]}}
