@@ -8,8 +8,9 @@ from rlflow.graph.domains import (
     is_standard,
     onnx_opset,
 )
+from rlflow.graph.interface import Interface
 from rlflow.graph.ir import Graph, GraphError, Node, Value, fresh_name, topological_order
-from rlflow.graph.onnx_io import graph_to_onnx, load_model
+from rlflow.graph.onnx_io import graph_to_onnx, load_model, load_with_interface
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -20,10 +21,12 @@ __all__ = [
     "onnx_opset",
     "Graph",
     "GraphError",
+    "Interface",
     "Node",
     "Value",
     "fresh_name",
     "graph_to_onnx",
     "load_model",
+    "load_with_interface",
     "topological_order",
 ]

@@ -42,10 +42,11 @@ def infer_shapes(
     light.node.extend(graph.node)
     light.input.extend(graph.input)
     light.output.extend(graph.output)
+    listed = {info.name for info in graph.input}  # weights listed as inputs: typed already
     for name, array in initializers.items():
         if array.size <= _SMALL_CONST:
             light.initializer.append(numpy_helper.from_array(array, name))
-        else:
+        elif name not in listed:
             light.input.append(
                 helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(array.dtype), array.shape
