@@ -4,16 +4,20 @@
 from Python:
 
     from rlflow.cost import OrtSettings
-    from rlflow.graph import load_model
+    from rlflow.graph import load_with_interface
     from rlflow.optimize import Method, optimize
 
-    result = optimize(load_model("model.onnx"), Method.parse("taso"), settings=OrtSettings())
-    result.write("model-opt.onnx")
+    graph, interface = load_with_interface("model.onnx", {"x": (1, 3, 224, 224)})
+    result = optimize(graph, Method.parse("taso"), settings=OrtSettings(), interface=interface)
+    result.write("model-opt.onnx")  # x keeps its symbolic dims where the result allows
     result.summary()  # the fields of `rlflow optimize --json`
 
 Every path ends the same way: the best few graphs found are timed against the original in one
 interleaved run (`rlflow.search.finish`), the chosen graph is checked for equivalence with the
-original, and only an equivalent graph is handed back (else RlflowError).
+original, and only an equivalent graph is handed back (else RlflowError). Given the original's
+`Interface` (`rlflow.graph.load_with_interface`), the model handed back keeps it: its inputs,
+outputs and the dynamic dims that stay general, checked against the original file itself
+(`rlflow.cost.handback`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any
 
 from rlflow.agents.spec import AgentSpec, is_agent_spec, parse_agent
 from rlflow.cost import Deployment, EquivalenceReport, OrtSettings, Runner, check_equivalence
+from rlflow.cost.equivalence import FINAL_SEEDS, MAGNITUDES
+from rlflow.cost.handback import HandedBack, hand_back
 from rlflow.cost.ort_optimizer import (
     Peer,
     StartState,
@@ -37,7 +43,7 @@ from rlflow.cost.ort_optimizer import (
 )
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_bytes_atomic
-from rlflow.graph import Graph
+from rlflow.graph import Graph, Interface
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search import Board, Progress, SearchResult, default_runner, finish, make_cost
 from rlflow.search.base import NO_PROGRESS
@@ -222,10 +228,13 @@ def run_method(method: Method, start: Graph, run: Run) -> SearchResult:
     return run_search(method.name, start, run)
 
 
-def check_result(original: Graph, graph: Graph) -> EquivalenceReport:
+def check_result(original: Graph, graph: Graph, *, strict: bool = True) -> EquivalenceReport:
     """The equivalence report of an optimised graph against the original, each run under the
-    settings it declares (the original with the optimiser off); RlflowError if it fails."""
-    report = check_equivalence(original, graph)
+    settings it declares (the original with the optimiser off), on every seed of FINAL_SEEDS at
+    every float scale of MAGNITUDES; RlflowError if it fails (when `strict`)."""
+    report = check_equivalence(original, graph, seeds=FINAL_SEEDS, scales=MAGNITUDES)
+    if not strict:
+        return report
     if not report.equivalent:
         raise RlflowError(
             f"the optimised graph is not equivalent to the original ({report.reason}); "
@@ -262,9 +271,14 @@ class OptimizeResult:
     fusions: dict[str, dict[str, Any]]
     """onnxruntime's fusions in its `all` graph of the original against the result's, per
     operator (`rlflow.cost.ort_optimizer.fusion_table`): what rlflow kept and dropped."""
+    handed: HandedBack | None = None
+    """With the original's interface: the model to write, keeping it, and what the checks at
+    other sizes found (None: `graph` is written as it is)."""
 
     def write(self, path: str | Path) -> Path:
         """The optimised model as ONNX at `path` (written atomically)."""
+        if self.handed is not None:
+            return write_bytes_atomic(path, self.handed.model.SerializeToString())
         return write_model(path, self.graph)
 
     def summary(self, **extra: Any) -> dict[str, Any]:
@@ -312,6 +326,9 @@ class OptimizeResult:
             "optimized_nodes": len(result.graph),
             "finalists": [vars(finalist) for finalist in result.finalists],
             "confirmed": result.confirmed,
+            "check": report.reason,
+            "inputs_drawn": dict(report.inputs),
+            "interface": self.handed.to_json() if self.handed is not None else None,
             **extra,
         }
         summary["episode"] = result.state.to_json()
@@ -350,6 +367,7 @@ def optimize(
     peer: bool = True,
     start: str | StartState = "best",
     strict: bool = True,
+    interface: Interface | None = None,
 ) -> OptimizeResult:
     """Optimise `original` with `method` for `deploy` (default offline) and check the result
     (RlflowError if it is not equivalent).
@@ -363,6 +381,8 @@ def optimize(
     tuning peer (`rlflow.cost.ort_optimizer.tuning_peer`). `runner` times the final graphs
     (default: `rlflow.search.default_runner`). Not `strict`, a result that fails the
     equivalence check is returned with its report (a benchmark records it) instead of raising.
+    `interface`, the original's, is restored on the model written (`OptimizeResult.handed`) and
+    the check is against the original file; without it, `graph` is checked and written as is.
     """
     started = time.perf_counter()
     settings = (settings or OrtSettings()).resolved()
@@ -392,7 +412,8 @@ def optimize(
     graph = result.graph.with_metadata(
         deploy.metadata(provider, {node.domain for node in result.graph.nodes})
     )
-    report = check_result(original, graph) if strict else check_equivalence(original, graph)
+    handed = None if interface is None else hand_back(original, graph, interface, strict=strict)
+    report = handed.report if handed is not None else check_result(original, graph, strict=strict)
     tuning = None
     if peer:
         if progress is not None:
@@ -412,6 +433,7 @@ def optimize(
         start_speedups=start_speedups,
         peer=tuning,
         fusions=fusion_table(ort_all, graph),
+        handed=handed,
     )
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rlflow.commands.common import add_model_arguments
+from rlflow.commands.common import add_model_arguments, check_number, check_output_file
 from rlflow.cost.deploy import DEPLOY_MODES
 from rlflow.errors import RlflowError
 from rlflow.optimize import DEFAULT_METHOD, SEARCH_METHODS, Method, SearchOptions
@@ -65,11 +65,15 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cost",
         choices=COST_MODELS,
-        help="cost model ranking the graphs found (default: analytic for a search, the env's "
-        "reward source for an agent; e2e: small budgets only)",
+        help="cost model ranking the graphs found (default for a search: perop offline, where "
+        "each operator runs as written, analytic online; an agent: its env's reward source; "
+        "e2e: small budgets only)",
     )
     parser.add_argument(
-        "--alpha", type=float, default=1.05, help="taso: keep graphs under alpha x best cost"
+        "--alpha",
+        type=float,
+        default=1.05,
+        help="taso: keep graphs under alpha x best cost (at least 1; default 1.05)",
     )
     parser.add_argument(
         "--portable", action="store_true", help="search: only rules that emit standard ONNX ops"
@@ -89,6 +93,13 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "until every ratio to the original is known within 2%%)",
     )
     add_ort_arguments(parser)
+    parser.add_argument(
+        "--fold-initializer-inputs",
+        action="store_true",
+        help="weights that the model lists among its inputs (older exports; a caller may "
+        "override them) become constants that rewrites may fold, and OUT no longer takes them "
+        "as inputs (default: they stay inputs of OUT, with their values as defaults)",
+    )
     parser.add_argument(
         "--deploy",
         choices=DEPLOY_MODES,
@@ -125,13 +136,15 @@ def optimize_to_file(
     `chosen` (how the method was chosen) is announced on stderr once the model has loaded."""
     from tqdm import tqdm
 
-    from rlflow.commands.common import model_label, print_json, resolve_model
+    from rlflow.commands.common import model_label, model_path, parse_input_shapes, print_json
     from rlflow.cost import Deployment, OrtSettings
     from rlflow.optimize import expansion_total, optimize
     from rlflow.search import default_runner
 
-    if args.min_time is not None and args.min_time < 0:
-        raise RlflowError(f"--min-time must be at least 0, got {args.min_time}")
+    check_output_file("-o", args.output)
+    check_number("--alpha", args.alpha, 1.0)
+    check_number("--min-time", args.min_time, 0.0)
+    check_number("--threads", args.threads, 1)
     options = SearchOptions(
         budget=args.budget,
         cost=args.cost,
@@ -146,7 +159,13 @@ def optimize_to_file(
     method = Method.parse(method_text)  # a bad agent run fails before the model is loaded
     if method.is_agent and (args.budget is not None or args.portable):
         raise RlflowError("--budget and --portable are for searches; an agent runs --episodes")
-    original = resolve_model(args.model, args.size, args.input_shape)
+    from rlflow.graph import load_with_interface
+
+    original, interface = load_with_interface(
+        model_path(args.model, args.size),
+        parse_input_shapes(args.input_shape),
+        fold_initializer_inputs=args.fold_initializer_inputs,
+    )
     label = model_label(args.model, args.size)
     settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
     if chosen is not None:
@@ -170,6 +189,7 @@ def optimize_to_file(
             progress=bar,
             peer=not args.no_peer,
             start=args.start,
+            interface=interface,
         )
     result.write(args.output)
     summary = result.summary(
@@ -258,6 +278,56 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         f"settings: {summary['threads']} thread(s), ort-level {summary['ort_level']} for the "
         f"original, provider {summary['provider']}"
     )
-    print(f"equivalent: yes, max abs error {summary['max_abs_err']:.2e}")
+    print(f"equivalent: yes, max abs error {summary['max_abs_err']:.2e} ({summary['check']})")
+    print(f"inputs drawn: {_inputs_drawn(summary['inputs_drawn'])}")
+    for line in _interface_lines(summary["interface"]):
+        print(line)
     if summary.get("output"):
         print(f"wrote {summary['output']}")
+
+
+def _inputs_drawn(drawn: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line: how the equivalence check drew each input."""
+    parts = []
+    for name, how in drawn.items():
+        if "normal_scales" in how:
+            scales = ", ".join(f"{scale:g}" for scale in how["normal_scales"])
+            parts.append(f"{name} {how['dtype']} normal x {scales}")
+        elif "value" in how:
+            parts.append(f"{name} {how['dtype']} = {how['value']} ({how['from']})")
+        elif "low" in how:
+            parts.append(f"{name} {how['dtype']} in [{how['low']}, {how['high']}) ({how['from']})")
+        else:
+            parts.append(f"{name} {how['dtype']} {how['values']}")
+    return "; ".join(parts) or "none (the model takes no inputs)"
+
+
+def _interface_lines(interface: Mapping[str, Any] | None) -> list[str]:
+    """What OUT keeps of the original's interface: weights listed as inputs, dynamic dims."""
+    if interface is None:
+        return []
+    lines = []
+    if interface["initializer_inputs"]:
+        names = ", ".join(interface["initializer_inputs"])
+        lines.append(
+            f"weights listed as inputs stay inputs of OUT, their values the defaults: {names} "
+            "(--fold-initializer-inputs makes them constants)"
+        )
+    if interface["folded_initializer_inputs"]:
+        names = ", ".join(interface["folded_initializer_inputs"])
+        lines.append(
+            f"weights listed as inputs folded into constants: {names}; OUT does not take them"
+        )
+    dims = interface["dynamic_dims"]
+    general = {symbol: dim for symbol, dim in dims.items() if dim["general"]}
+    if general:
+        checks = "; ".join(
+            f"{symbol}={', '.join(map(str, dim['checked']))}" for symbol, dim in general.items()
+        )
+        lines.append(f"dynamic dims kept: {', '.join(general)} (equal to the original at {checks})")
+    for symbol, size in interface["specialised"].items():
+        lines.append(
+            f"SPECIALISED: OUT fixes dim {symbol} at {size}, the size it was given: "
+            f"{dims[symbol]['reason']}"
+        )
+    return lines
