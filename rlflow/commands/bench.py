@@ -281,11 +281,10 @@ def bench_model(
     """Every method on one model in every deploy mode, then one comparison per mode, then the
     tuning peer; each finished step is saved to results.json at once, and skipped if it is
     there already."""
-    from rlflow.commands.common import resolve_model
     from rlflow.cost import Deployment, OrtSettings
     from rlflow.cost.ort_optimizer import start_state, tuning_peer
     from rlflow.fileio import write_json_atomic
-    from rlflow.graph import load_model
+    from rlflow.graph import load_model, load_with_interface
     from rlflow.optimize import SearchOptions, choose_start, optimize
     from rlflow.report import read_progress, real_env_steps
     from rlflow.search import default_runner
@@ -302,12 +301,12 @@ def bench_model(
         episodes=options["episodes"],
         size=size,
     )
-    loaded: list[Any] = []
+    loaded: list[Any] = []  # (graph, interface), loaded on first need
 
     def original() -> Any:
         if not loaded:
-            loaded.append(resolve_model(model, size))
-        return loaded[0]
+            loaded.append(load_with_interface(model_path(model, size)))
+        return loaded[0][0]
 
     def save() -> None:
         write_json_atomic(out / "results.json", state)
@@ -329,8 +328,9 @@ def bench_model(
                     state["starts"][f"{label}|{mode}"] = speedups
                 else:
                     start = start_state(original(), start, settings)
+            graph, interface = original(), loaded[0][1]
             result = optimize(
-                original(),
+                graph,
                 method,
                 label=label,
                 settings=settings,
@@ -341,6 +341,7 @@ def bench_model(
                 peer=False,
                 start=start,
                 strict=False,
+                interface=interface,
             )
             graph_file = None
             if result.report.equivalent:
