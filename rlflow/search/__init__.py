@@ -13,7 +13,7 @@ from typing import Any
 
 from rlflow.errors import RlflowError
 from rlflow.rewrite.session import RewriteSession
-from rlflow.search import greedy, random_walk, taso
+from rlflow.search import greedy, guided, random_walk, taso
 from rlflow.search.base import (
     DEFAULT_TOP_K,
     Board,
@@ -29,6 +29,7 @@ METHODS: dict[str, Callable[..., SearchResult]] = {
     "greedy": greedy.search,
     "taso": taso.search,
     "random": random_walk.search,
+    "guided": guided.search,
 }
 
 

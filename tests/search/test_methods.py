@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from rlflow.cost import check_equivalence
+from rlflow.cost import AnalyticCostModel, check_equivalence
 from rlflow.errors import RlflowError
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search import METHODS, make_cost, search
 from rlflow.zoo import MODEL_NAMES
 from tests.search.conftest import CostRunner
+
+_ANALYTIC = AnalyticCostModel()
+
+
+def analytic_advantage(graph, candidates):
+    """The guided search's oracle: each candidate's true analytic cost change (what a trained
+    advantage model approximates; tests/advantage trains one)."""
+    now = _ANALYTIC.cost_ms(graph)
+    return [(_ANALYTIC.cost_ms(candidate.graph) - now) / now for candidate in candidates]
+
 
 # Small budgets: the point is correctness on every model, not quality. Inception-v3 has the
 # most candidates per graph (each expansion costs several times the others').
@@ -18,6 +28,7 @@ OPTIONS = {
     "greedy": {"budget": 8},
     "taso": {"budget": 15},
     "random": {"budget": 15, "walk_length": 8, "seed": 3},
+    "guided": {"budget": 15, "seed": 3, "advantage": analytic_advantage},
 }
 HEAVY = {"inception-v3": 5}
 
