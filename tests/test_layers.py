@@ -26,9 +26,10 @@ DIRECT = {
     "envs": {"nn", "rewrite", "zoo"},
     "agents": {"envs", "search"},
     "worldmodel": {"agents"},
+    "advantage": {"worldmodel"},
     "report": {"cost"},
     "runtime": {"cost"},
-    "optimize": {"worldmodel"},
+    "optimize": {"worldmodel", "advantage"},
     "commands": {"optimize", "report"},
     "cli": {"commands"},
 }

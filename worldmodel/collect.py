@@ -5,7 +5,9 @@ writes them as shards (`rlflow.worldmodel.data`). Shard k holds the next `episod
 episodes, seeded from (seed, k), so a rerun skips every shard the manifest lists as finished
 (never rewriting one) and a larger `episodes` only adds shards. The manifest records the real
 env steps and real end-to-end measurements each shard cost, for the sample-efficiency
-comparison with PPO.
+comparison with PPO. With `candidate_samples` S > 0, every visited state also records the
+cost change of S of its candidates drawn at random (`GraphRewriteEnv.candidate_cost_changes`):
+the targets of the learned local advantage (`rlflow train-advantage`).
 """
 
 from __future__ import annotations
@@ -95,12 +97,16 @@ class CollectSettings:
     episodes_per_shard: int = 16  # episodes per shard file
     max_episode_steps: int = 50  # truncation of an episode (the env's TimeLimit)
     env: dict[str, Any] = field(default_factory=dict)  # other GraphRewriteEnv arguments
+    candidate_samples: int = 0  # candidates per state whose cost change is recorded (0: none)
 
     def identity(self) -> dict[str, Any]:
-        """The settings a rerun must match to add to the same directory."""
+        """The settings a rerun must match to add to the same directory (without
+        candidate_samples when 0, so that directories made before it existed still match)."""
         identity = asdict(self)
         for key in ("episodes", "episodes_per_shard"):
             identity.pop(key)
+        if not self.candidate_samples:
+            identity.pop("candidate_samples")
         return identity
 
 
@@ -136,6 +142,16 @@ def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> 
     seed_sequence = np.random.SeedSequence([settings.seed, job.index])
     env_seed, action_seed = seed_sequence.generate_state(2)
     rng = np.random.default_rng(action_seed)
+    # Its own stream: sampling candidates leaves the actions of a seed as they were.
+    sample_rng = np.random.default_rng([settings.seed, job.index, 1])
+    samples = settings.candidate_samples
+
+    def record_of(observation: Mapping[str, np.ndarray], model: int) -> dict[str, Any]:
+        record = observation_record(observation, num_rules, model)
+        if samples:
+            record.update(candidate_targets(unwrapped, observation, samples, sample_rng))
+        return record
+
     started = time.perf_counter()
     measurements_before = unwrapped.real_measurements
     episodes: list[EpisodeRecord] = []
@@ -146,7 +162,7 @@ def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> 
             observation, info = env.reset(seed=int(env_seed) if episode == 0 else None)
             model = labels.index(info["model"])
             record = EpisodeRecord(model=model)
-            current = observation_record(observation, num_rules, model)
+            current = record_of(observation, model)
             record.observations.append(current)
             if hasattr(policy, "reset"):
                 policy.reset()
@@ -154,7 +170,7 @@ def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> 
                 action = policy.act(observation, deterministic=False, rng=rng, env=unwrapped)
                 next_observation, reward, terminated, truncated, info = env.step(action)
                 real_steps += 1
-                following = observation_record(next_observation, num_rules, model)
+                following = record_of(next_observation, model)
                 record.steps.append(
                     step_record(
                         observation, action, reward, terminated, truncated, following, num_rules
@@ -182,6 +198,21 @@ def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> 
     }
     write_shard(Path(job.path), episodes, {**entry, "format": SHARD_FORMAT})
     return entry
+
+
+def candidate_targets(
+    env: Any, observation: Mapping[str, np.ndarray], samples: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """`advantage_slots` and `advantage_targets` of one state (`rlflow.worldmodel.data`): up
+    to `samples` offered candidates drawn without replacement, and their relative cost changes
+    (`GraphRewriteEnv.candidate_cost_changes`); -1 and NaN pad."""
+    offered = np.flatnonzero(np.asarray(observation["action_mask"])[:-1])
+    chosen = np.sort(rng.choice(offered, size=min(samples, offered.size), replace=False))
+    slots = np.full(samples, -1, dtype=np.int16)
+    targets = np.full(samples, np.nan, dtype=np.float32)
+    slots[: chosen.size] = chosen
+    targets[: chosen.size] = env.candidate_cost_changes([int(slot) for slot in chosen])
+    return {"advantage_slots": slots, "advantage_targets": targets}
 
 
 def _env_description(settings: CollectSettings) -> dict[str, Any]:
@@ -226,6 +257,15 @@ def prepare(settings: CollectSettings, out: Path) -> tuple[dict[str, Any], list[
     """The manifest (new, or the directory's own if the settings agree) and the shards to run."""
     if settings.episodes < 1:
         raise RlflowError(f"--episodes must be at least 1, got {settings.episodes}")
+    if settings.candidate_samples < 0:
+        raise RlflowError(
+            f"--candidate-samples must be at least 0, got {settings.candidate_samples}"
+        )
+    if settings.candidate_samples and settings.cost not in ("analytic", "perop"):
+        raise RlflowError(
+            "--candidate-samples needs a cost model for the candidates (--cost analytic or "
+            f"perop), not {settings.cost}"
+        )
     if settings.episodes_per_shard < 1:
         raise RlflowError(
             f"episodes per shard must be at least 1, got {settings.episodes_per_shard}"

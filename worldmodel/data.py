@@ -14,6 +14,10 @@ a candidate on offer), `obs_model` (index into the manifest's models); ragged
 Per step: `action` (the env's action slot), `action_rule` (rule id; R for stop, -1 for a
 masked no-op), `action_site (K,)`, `reward`, `terminated`, `truncated`, `next_action_mask`,
 `next_rule_applicable`. Per episode: `episode_steps`, `episode_model`, `episode_return`.
+Optional, per observation, when collected with `candidate_samples` S > 0 (the targets of the
+learned local advantage, `rlflow train-advantage`): `advantage_slots (S,)` (action slots of the
+candidates sampled, -1 pad) and `advantage_targets (S,)` (each one's relative change in the
+env's cost, (C(after) - C(now)) / C(now); NaN pad).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ STEP_KEYS = (
     "next_rule_applicable",
 )
 EPISODE_KEYS = ("episode_steps", "episode_model", "episode_return")
+ADVANTAGE_KEYS = ("advantage_slots", "advantage_targets")
+"""Optional per-observation keys: sampled candidates' cost changes (`candidate_samples`)."""
 
 
 def rule_applicability(observation: Mapping[str, np.ndarray], num_rules: int) -> np.ndarray:
@@ -144,6 +150,9 @@ def shard_arrays(episodes: Sequence[EpisodeRecord]) -> dict[str, np.ndarray]:
     arrays["num_nodes"] = arrays["num_nodes"].astype(np.int32)
     arrays["num_edges"] = arrays["num_edges"].astype(np.int32)
     arrays["obs_model"] = arrays["obs_model"].astype(np.int16)
+    for key in ADVANTAGE_KEYS:
+        if key in observations[0]:
+            arrays[key] = np.stack([np.asarray(obs[key]) for obs in observations])
     arrays["node_features"] = np.concatenate([obs["node_features"] for obs in observations])
     arrays["edge_index"] = np.concatenate([obs["edge_index"] for obs in observations], axis=1)
     arrays["edge_features"] = np.concatenate([obs["edge_features"] for obs in observations])
@@ -241,6 +250,9 @@ class RolloutData:
             arrays[key] = np.concatenate([part[key] for part in parts])
         arrays["edge_features"] = np.concatenate([part["edge_features"] for part in parts])
         arrays["edge_index"] = np.concatenate([part["edge_index"] for part in parts], axis=1)
+        if all(key in part for part in parts for key in ADVANTAGE_KEYS):
+            for key in ADVANTAGE_KEYS:
+                arrays[key] = np.concatenate([part[key] for part in parts])
         steps = arrays["episode_steps"].astype(np.int64)
         step_start = np.concatenate([[0], np.cumsum(steps)[:-1]]).astype(np.int64)
         obs_start = step_start + np.arange(len(steps))

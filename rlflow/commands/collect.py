@@ -12,7 +12,16 @@ import time
 from rlflow.commands.common import check_output_dir, print_json
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
-FLAGS = ["episodes", "policy", "size", "cost", "seed", "episodes_per_shard", "stop_probability"]
+FLAGS = [
+    "episodes",
+    "policy",
+    "size",
+    "cost",
+    "seed",
+    "episodes_per_shard",
+    "stop_probability",
+    "candidate_samples",
+]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +48,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")
+    parser.add_argument(
+        "--candidate-samples",
+        type=int,
+        metavar="S",
+        help="record the cost change of S candidates drawn at each state, the data of "
+        "`rlflow train-advantage` (default 0: none; needs --cost analytic or perop)",
+    )
     add_common_options(parser, run)
 
 

@@ -1,0 +1,49 @@
+"""How a trained advantage run is named on the command line: `guided:RUN_DIR`.
+
+`rlflow search`, `rlflow optimize` and `rlflow bench` take `--method guided:RUN_DIR`; the run is
+checked here (a directory whose config.yaml says `kind: advantage`) before any model loads, and
+without torch, as `rlflow.agents.spec` does for `agent:RUN_DIR`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlflow.config import read_yaml
+from rlflow.errors import RlflowError
+
+GUIDED_PREFIX = "guided:"
+RUN_KIND = "advantage"
+"""The `kind` in the config.yaml of a `rlflow train-advantage` run."""
+
+
+def is_guided_spec(text: str) -> bool:
+    """Whether a method name is `guided:RUN_DIR` (or `guided` alone, which lacks its run)."""
+    return text == GUIDED_PREFIX[:-1] or text.startswith(GUIDED_PREFIX)
+
+
+def read_advantage_run(run_dir: str | Path) -> Path:
+    """The run directory, if it holds a `rlflow train-advantage` run; else RlflowError."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RlflowError(f"no such advantage run directory: {run_dir}")
+    config_path = path / "config.yaml"
+    if not config_path.is_file():
+        raise RlflowError(f"{run_dir} has no config.yaml: not a `rlflow train-advantage` run")
+    kind = read_yaml(config_path).get("kind")
+    if kind != RUN_KIND:
+        raise RlflowError(
+            f"{config_path} is a {kind!r} run, not a {RUN_KIND!r} run of `rlflow train-advantage`"
+        )
+    return path
+
+
+def parse_guided(text: str) -> Path:
+    """`guided:RUN_DIR` as the run directory (checked)."""
+    prefix, _, run_dir = text.partition(":")
+    if prefix != GUIDED_PREFIX[:-1] or not run_dir:
+        raise RlflowError(f"bad method {text!r}: expected guided:RUN_DIR (a train-advantage run)")
+    return read_advantage_run(run_dir)
+
+
+__all__ = ["GUIDED_PREFIX", "RUN_KIND", "is_guided_spec", "parse_guided", "read_advantage_run"]
