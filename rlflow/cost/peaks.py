@@ -34,6 +34,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
+from rlflow.cost.device import cpu_model
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import max_ort_ir_version
 from rlflow.errors import RlflowError
@@ -182,11 +183,4 @@ def _cache_size(level: int) -> int:
 
 def _machine() -> str:
     """What the peaks belong to: CPU model and count (a cache dir may outlive its machine)."""
-    model_name = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                model_name = line.split(":", 1)[1].strip()
-                break
-    return f"{platform.machine()} {model_name} x{os.cpu_count()}"
+    return f"{platform.machine()} {cpu_model()} x{os.cpu_count()}"

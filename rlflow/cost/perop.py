@@ -181,6 +181,18 @@ class PerOpCostModel:
         """One node's cost, net of the per-run overhead (analytic if it cannot run alone)."""
         return self._node_ms(graph, node, self.settings_for(graph))[0]
 
+    def measured_ms(self, graph: Graph, node: Node) -> tuple[float | None, str]:
+        """(the node's time alone net of the per-run overhead, "") as measured (or cached), or
+        (None, why it cannot run alone); no analytic fallback. What a cost table records;
+        a node run in place is (0, "") untimed."""
+        if runs_in_place(node):
+            return 0.0, ""
+        settings = self.settings_for(graph)
+        raw_ms, error = self._raw_ms(graph, node, settings)
+        if raw_ms is None:
+            return None, error
+        return max(raw_ms - self.overhead_ms(settings), 0.0), ""
+
     def overhead_ms(self, settings: OrtSettings | None = None) -> float:
         """onnxruntime's time for one run of a trivial model under `settings` (default ours),
         cached like an operator."""

@@ -4,6 +4,13 @@ The execution provider is chosen at run time: CUDA when onnxruntime-gpu sees a G
 CPU, through the same code path. Threads are pinned (intra-op N, inter-op 1, sequential
 execution) because on the 2-core shared machines a free thread count made repeat timings of
 one model drift by ~5%, one thread by ~1%.
+
+On CUDA every provider option that changes numerics is set explicitly (`CUDA_NUMERICS`, and
+TF32 from `OrtSettings.tf32`, off by default: onnxruntime's own default turns it on, which
+rounds fp32 matmuls and convolutions to 10-bit mantissas and would fail equivalence checks
+the CPU passes), and `OrtSettings.provider_options()` is what results record. A timed run on
+CUDA keeps its inputs and outputs on the device and waits for the device before the clock
+stops (`timed_run`), so a time is the kernels' and not a host copy's or a queue's.
 """
 
 from __future__ import annotations
@@ -31,6 +38,17 @@ ORT_LEVELS = {
 """onnxruntime's optimisation levels, lowest first (`layout`, the NCHWc/NHWC passes, exists from
 onnxruntime 1.2x on)."""
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+CUDA_NUMERICS = {
+    "cudnn_conv_algo_search": "EXHAUSTIVE",
+    "prefer_nhwc": "0",
+    "enable_skip_layer_norm_strict_mode": "1",
+    "cudnn_conv1d_pad_to_nc1d": "0",
+    "tunable_op_enable": "0",
+}
+"""CUDA provider options that change which kernel runs or how it rounds, fixed here rather
+than left to onnxruntime's defaults (which move between versions); `use_tf32` comes from
+`OrtSettings.tf32`. EXHAUSTIVE is onnxruntime's default search for cuDNN's convolution
+algorithm, the fastest one it finds, as a deployed session would pick."""
 TIMING_VERSION = 2
 """Part of every cache key: bump it when how a run is timed changes, so that timings taken the
 old way are not found again (2: runs through an IOBinding, see `timed_run`)."""
@@ -49,6 +67,9 @@ class OrtSettings:
     disabled: tuple[str, ...] = ()
     """onnxruntime graph transformers (or rewrite rules) switched off at this level, by name
     (e.g. "SkipLayerNormFusion"): one of ORT's own tuning knobs."""
+    tf32: bool = False
+    """CUDA: let fp32 matmuls and convolutions run on TF32 tensor cores (faster, ~1e-3 relative
+    error); off by default so that CUDA results match the CPU's. No effect on CPU."""
 
     def __post_init__(self) -> None:
         if self.ort_level not in ORT_LEVELS:
@@ -72,16 +93,30 @@ class OrtSettings:
             if PROVIDERS[self.provider] not in ort.get_available_providers():
                 raise RlflowError(f"onnxruntime here has no {PROVIDERS[self.provider]}")
             return self
-        cuda = PROVIDERS["cuda"] in ort.get_available_providers()
-        return replace(self, provider="cuda" if cuda else "cpu")
+        return replace(self, provider=default_provider())
 
     def key(self) -> str:
         """A stable text for cache keys (provider resolved, onnxruntime and timing versions)."""
         fields = asdict(self.resolved())
         if not fields["disabled"]:
             del fields["disabled"]  # keys made before the field existed stay valid
+        if fields["provider"] == "cpu":
+            del fields["tf32"]  # no effect on CPU; CPU keys made before it stay valid
         text = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
         return f"{text},ort={ort.__version__},timing=v{TIMING_VERSION}"
+
+    def provider_options(self) -> dict[str, str]:
+        """The options the execution provider is created with (none on CPU): recorded with
+        results, since on CUDA they decide numerics."""
+        provider = default_provider() if self.provider == "auto" else self.provider
+        if provider != "cuda":
+            return {}
+        return {"device_id": "0", **CUDA_NUMERICS, "use_tf32": "1" if self.tf32 else "0"}
+
+
+def default_provider() -> str:
+    """cuda when onnxruntime here lists CUDAExecutionProvider, else cpu (what `auto` means)."""
+    return "cuda" if PROVIDERS["cuda"] in ort.get_available_providers() else "cpu"
 
 
 def make_session(model_bytes: bytes, settings: OrtSettings) -> ort.InferenceSession:
@@ -93,9 +128,10 @@ def make_session(model_bytes: bytes, settings: OrtSettings) -> ort.InferenceSess
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ORT_LEVELS[settings.ort_level]
     options.log_severity_level = 4  # failures reach the caller as exceptions; no log spam
-    providers = [PROVIDERS[settings.provider]]
+    providers: list = [PROVIDERS["cpu"]]
     if settings.provider != "cpu":
-        providers.append(PROVIDERS["cpu"])  # for the nodes the GPU provider does not take
+        # CPU last, for the nodes the GPU provider does not take.
+        providers.insert(0, (PROVIDERS[settings.provider], settings.provider_options()))
     if settings.disabled:
         return ort.InferenceSession(
             model_bytes, options, providers=providers, disabled_optimizers=list(settings.disabled)
@@ -111,8 +147,10 @@ def timed_run(
     Inputs are bound once through an IOBinding and outputs are returned on the host, which is
     what a deployed model pays per call: ~5 us of overhead here, against ~10 us for
     `session.run` (numpy conversion) and ~70 us for `run_with_ort_values`, which would
-    otherwise dominate the timings of small operators.
+    otherwise dominate the timings of small operators. On CUDA see `_timed_device_run`.
     """
+    if session.get_providers()[0] == PROVIDERS["cuda"]:
+        return _timed_device_run(session, feeds)
     binding = session.io_binding()
     for name, array in feeds.items():
         binding.bind_cpu_input(name, np.ascontiguousarray(array))
@@ -125,3 +163,30 @@ def timed_run(
         return (time.perf_counter_ns() - start) / 1e6
 
     return run
+
+
+def _timed_device_run(
+    session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]
+) -> Callable[[], float]:
+    """`timed_run` on CUDA: inputs copied to the device once and bound there, outputs bound to
+    device memory (a deployed GPU model hands its results to the next GPU step, not to the
+    host), and the clock stopped only once the device has finished: kernels are launched
+    asynchronously, and a run's wall time without the wait would be the launch time only."""
+    binding = session.io_binding()
+    on_device = {
+        name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", 0)
+        for name, array in feeds.items()
+    }
+    for name, value in on_device.items():
+        binding.bind_ortvalue_input(name, value)
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda", 0)
+    binding.synchronize_inputs()  # the copies to the device are done before any timing
+
+    def run() -> float:
+        start = time.perf_counter_ns()
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return (time.perf_counter_ns() - start) / 1e6
+
+    return run  # the binding holds its own references to the device copies
