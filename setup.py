@@ -42,6 +42,11 @@ setup(
         "matplotlib>=3.8",
         "cma>=3.3",  # CMA-ES of the world-model controller (worldmodel/cmaes.py)
     ],
-    extras_require={"dev": ["pytest>=8", "ruff>=0.5"]},
+    extras_require={
+        # `--backend ray` (collect, train-ppo, train-wm-loop): env workers and timer actors.
+        "ray": ["ray>=2.40"],
+        # The test suite runs the Ray test for real, so CI pins the version it was checked with.
+        "dev": ["pytest>=8", "ruff>=0.5", "ray==2.60.0"],
+    },
     entry_points={"console_scripts": ["rlflow=rlflow.cli:main"]},
 )

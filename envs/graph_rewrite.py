@@ -43,7 +43,9 @@ from rlflow.nn.features import (
 from rlflow.rewrite import Candidate, RuleSet, default_ruleset
 from rlflow.rewrite.session import EpisodeState, RewriteSession
 
-COST_SOURCES = ("analytic", "perop", "e2e", "e2e-sparse")
+COST_SOURCES = ("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e")
+MEASURED_COSTS = ("e2e", "e2e-sparse", "perop-e2e")
+"""The cost sources that time graphs end to end (every step, or every `measure_every`)."""
 REWARD_MEASURE_S = 0.5  # timed seconds per graph of an end-to-end reward measurement
 DEFAULT_MODELS = ("squeezenet-1.1",)
 DEFAULT_HORIZON = 50
@@ -126,6 +128,10 @@ class GraphRewriteEnv(gym.Env):
       and at the horizon; in between it is the last measurement scaled by the analytic cost's
       change since then. The reward of a measured step corrects the accumulated estimate, so
       the return is 100 (C_0 - C_T) / C_0 in measured terms.
+    - `"perop-e2e"`: X-RLflow's scheme over the per-op model: "e2e-sparse" with the per-op
+      measured cost (cached by operator signature) in place of the analytic one between the
+      end-to-end checks. Offline, where per-op costs add up to the latency, it is what the
+      learners train on.
 
     Measurements are made under one `Runner` (1 thread; `ort_level` online, the optimiser
     off offline) and cached by graph hash: `info["real_measurements"]` counts the graphs
@@ -152,10 +158,12 @@ class GraphRewriteEnv(gym.Env):
     - `models`: zoo names (`rlflow.zoo.MODEL_NAMES`, exported at `size`), paths to .onnx
       files, or Graph objects; default `["squeezenet-1.1"]`.
     - `size`: zoo model size, "small" (default), "medium" or "full".
-    - `cost`: "analytic", "perop", "e2e" or "e2e-sparse" (see Rewards); default "perop" offline
+    - `cost`: "analytic", "perop", "e2e", "e2e-sparse" or "perop-e2e" (see Rewards); default
+      "perop" offline
       (each operator runs as written, so per-op costs add up to the graph's latency), else
       "analytic".
-    - `measure_every`: steps between end-to-end measurements for "e2e-sparse" (default 10).
+    - `measure_every`: steps between end-to-end measurements for "e2e-sparse" and
+      "perop-e2e" (default 10).
     - `deploy`: "online" (default: graphs are measured under `ort_level`, onnxruntime's
       optimiser running over them) or "offline" (graphs run as written, optimiser off, as
       `rlflow optimize` hands them back: measurements and the per-op cost are then faithful
@@ -236,19 +244,16 @@ class GraphRewriteEnv(gym.Env):
         self._horizon_arg = horizon
 
         self.analytic = AnalyticCostModel()
-        settings = OrtSettings(threads=1, ort_level=ort_level)
-        if self.deployment.mode == "offline":
-            settings = self.deployment.settings(settings)
-        self.settings = settings
+        self.settings = settings = measurement_settings(ort_level, deploy)
         """The onnxruntime settings measurements run under (offline: the optimiser off)."""
-        needs_runner = cost in ("e2e", "e2e-sparse")
+        needs_runner = cost in MEASURED_COSTS
         if runner is None and needs_runner:
             # A reward is measured on every (e2e) or every Nth (e2e-sparse) step: a fixed half
             # second of timed runs per graph, not the final measurements' adaptive 1-30 s.
             runner = Runner(settings, min_time_s=REWARD_MEASURE_S)
         self.runner = runner
         self.perop_model = perop_model
-        self._owns_perop = cost == "perop" and perop_model is None
+        self._owns_perop = cost in ("perop", "perop-e2e") and perop_model is None
         if self._owns_perop:
             self.perop_model = PerOpCostModel(settings, analytic=self.analytic)
         self.real_measurements = 0
@@ -294,7 +299,8 @@ class GraphRewriteEnv(gym.Env):
         self._visited: dict[str, Graph] = {}
         self._cost0 = self._cost_now = 1.0
         self._analytic0 = self._analytic_now = 1.0
-        self._anchor = (1.0, 1.0)  # e2e-sparse: (last measured cost, analytic cost then)
+        # e2e-sparse, perop-e2e: (last measured cost, the estimate between checks then)
+        self._anchor = (1.0, 1.0)
         self._measured_now = False
 
     # ---- gymnasium API ----------------------------------------------------------------------
@@ -322,9 +328,9 @@ class GraphRewriteEnv(gym.Env):
             self._cost0 = self._perop_cost(original)
         else:
             self._cost0 = self._measured_cost(original)
-            self._anchor = (self._cost0, self._analytic0)
+            self._anchor = (self._cost0, self._between_checks_cost(original))
         self._cost_now = self._cost0
-        self._measured_now = self.cost in ("e2e", "e2e-sparse")
+        self._measured_now = self.cost in MEASURED_COSTS
         return self._observation(), self._info(rule=None, invalid=False)
 
     def step(
@@ -557,13 +563,14 @@ class GraphRewriteEnv(gym.Env):
             measure = (
                 final or self._steps % self.measure_every == 0 or self._steps >= self._horizon()
             )
+            estimate = self._between_checks_cost(graph)
             if measure:
                 cost = self._measured_cost(graph)
-                self._anchor = (cost, self._analytic_now)
+                self._anchor = (cost, estimate)
                 self._measured_now = True
             else:
-                measured, analytic = self._anchor
-                cost = measured * self._analytic_now / analytic if analytic > 0 else measured
+                measured, estimate_then = self._anchor
+                cost = measured * estimate / estimate_then if estimate_then > 0 else measured
         reward = 100.0 * (self._cost_now - cost) / self._cost0 if self._cost0 > 0 else 0.0
         self._cost_now = cost
         return float(reward)
@@ -582,6 +589,13 @@ class GraphRewriteEnv(gym.Env):
             cost = self.analytic.cost_ms(graph)
             self._analytic_ms[digest] = cost
         return cost
+
+    def _between_checks_cost(self, graph: Graph) -> float:
+        """What scales the last end-to-end measurement between checks: the per-op cost for
+        "perop-e2e", the analytic one for "e2e-sparse"."""
+        if self.cost == "perop-e2e":
+            return self._perop_cost(graph)
+        return self._analytic_cost(graph)
 
     def _perop_cost(self, graph: Graph) -> float:
         assert self.perop_model is not None
@@ -685,6 +699,15 @@ def capped_indices(rule_names: Sequence[str], limit: int) -> list[int]:
                 if len(chosen) == limit:
                     return sorted(chosen)
     raise AssertionError("unreachable: limit < len(rule_names)")
+
+
+def measurement_settings(ort_level: str, deploy: str) -> OrtSettings:
+    """The onnxruntime settings an env of these arguments measures under: one thread, and
+    offline the optimiser off (graphs run as written). Ray's timer actors measure for envs
+    in other processes under the same settings (`rlflow.agents.ray_workers`)."""
+    settings = OrtSettings(threads=1, ort_level=ort_level)
+    deployment = Deployment(deploy)
+    return deployment.settings(settings) if deployment.mode == "offline" else settings
 
 
 @functools.cache

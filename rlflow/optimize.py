@@ -58,7 +58,13 @@ SEARCH_COSTS = {"offline": "perop", "online": "analytic"}
 operator runs as written, so the per-op measured cost adds up to the graph's latency (and prices
 onnxruntime's own kernels, which a roofline cannot); online onnxruntime rewrites the graph
 before it runs, so the cheap analytic model is as good a guide as any."""
-AGENT_COSTS = {"analytic": "analytic", "perop": "perop", "e2e": "e2e", "e2e-sparse": "e2e"}
+AGENT_COSTS = {
+    "analytic": "analytic",
+    "perop": "perop",
+    "e2e": "e2e",
+    "e2e-sparse": "e2e",
+    "perop-e2e": "perop",
+}
 """An agent's env reward source -> the search cost model that ranks its rollouts' graphs."""
 
 

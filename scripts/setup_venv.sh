@@ -21,7 +21,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
         | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]" 2>&1 \
         | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-    "$VENV/bin/python" -c "import rlflow, torch, torch_geometric, onnxruntime, gymnasium" \
+    "$VENV/bin/python" -c "import rlflow, torch, torch_geometric, onnxruntime, gymnasium, ray" \
         || { echo "setup: the install failed (see above)" >&2; exit 1; }
     echo "$WANT" > "$STAMP"
 fi

@@ -346,13 +346,23 @@ def update_totals(manifest: dict[str, Any]) -> None:
 
 
 def collect(
-    settings: CollectSettings, out: str | Path, *, workers: int = 1, progress: bool = True
+    settings: CollectSettings,
+    out: str | Path,
+    *,
+    workers: int = 1,
+    progress: bool = True,
+    backend: str = "inprocess",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Collect into `out` until it holds `settings.episodes` episodes; the final manifest."""
+    """Collect into `out` until it holds `settings.episodes` episodes; the final manifest.
+    `backend`: `inprocess` (`workers` processes) or `ray` (a Ray task per shard, measurements
+    on the timer actors: `rlflow.worldmodel.ray_collect`)."""
     from tqdm import tqdm
 
     if workers < 1:
         raise RlflowError(f"--workers must be at least 1, got {workers}")
+    if backend not in ("inprocess", "ray"):
+        raise RlflowError(f"unknown backend {backend!r}; choose inprocess or ray")
     out = Path(out)
     manifest, jobs = prepare(settings, out)
     out.mkdir(parents=True, exist_ok=True)
@@ -375,7 +385,11 @@ def collect(
         bar.set_postfix_str(f"{manifest['totals']['episodes']}/{settings.episodes} episodes")
 
     try:
-        if workers == 1:
+        if backend == "ray":
+            from rlflow.worldmodel.ray_collect import collect_on_ray
+
+            collect_on_ray(settings, jobs, finished, bar.update, ray_address)
+        elif workers == 1:
             for job in jobs:
                 finished(run_shard(job, on_step=bar.update))
         else:

@@ -140,11 +140,11 @@ class PPOPolicy:
 def load_ppo_policy(run_dir: str | os.PathLike) -> PPOPolicy:
     """The policy of a PPO run directory's latest checkpoint (RlflowError if there is none or
     it cannot be read)."""
-    from rlflow.agents.ppo import PPOConfig, load_checkpoint, make_scorer
+    from rlflow.agents.ppo import PPOConfig, load_checkpoint, make_scorer, saved_config
 
     state = load_checkpoint(run_dir)
     try:
-        config = PPOConfig.from_dict(state["config"])
+        config = PPOConfig.from_dict(saved_config(state["config"]))
         rule_names = list(state["rule_names"])
         scorer = make_scorer(config, len(rule_names))
         scorer.load_state_dict(state["model"])

@@ -1,10 +1,14 @@
 """PPO over GraphRewrite-v0: the model-free X-RLflow baseline, trained across many graphs.
 
 Read top to bottom like CleanRL's `ppo.py`: the hyperparameters (`PPOConfig`, mirrored by
-`configs/ppo.yaml`), then `train`, which collects whole episodes with the current policy (a
-masked categorical over the env's candidates plus stop, scored by the shared GNN), computes
-GAE advantages, and takes the clipped-objective minibatch steps of `rlflow.agents.update`
-(shared with the dream controller's PPO). A run directory holds
+`configs/ppo.yaml`), then `train`, which steps `num_envs` envs at once (a gymnasium vector env,
+in process or on Ray: `rlflow.agents.vector`) with the current policy (a masked categorical
+over each env's candidates plus stop, scored by the shared GNN) for `num_steps` steps each
+(CleanRL's rollout) or until `episodes_per_update` episodes have ended, computes GAE
+advantages env by env, and takes the clipped-objective minibatch steps of
+`rlflow.agents.update` (shared with the dream controller's PPO). The reward is the offline
+per-op measured cost with an end-to-end check every `measure_every` steps (`perop-e2e`, as
+X-RLflow); `cost: analytic` is the ablation. A run directory holds
 `config.yaml`, TensorBoard event files, `progress.json` (what the sample-efficiency
 comparisons read) and `checkpoints/latest.pt`, from which a rerun continues.
 """
@@ -20,17 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch.distributions import Categorical
 from torch_geometric.data import Data
 
-import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
+from rlflow.agents.rollout import EnvRollout
 from rlflow.agents.update import Evaluate, Rollout, UpdateConfig, ppo_update
+from rlflow.agents.vector import make_env as make_one_env
+from rlflow.agents.vector import make_vector_env, unbatch
 from rlflow.config import save_run_config
 from rlflow.cost.cache import read_json, write_json_atomic
-from rlflow.envs import GRAPH_REWRITE_ID
 from rlflow.envs.graph_rewrite import GraphRewriteEnv
 from rlflow.errors import RlflowError, first_line
 from rlflow.fileio import write_torch_atomic
@@ -50,9 +54,18 @@ MAY_CHANGE = ("total_steps", "torch_threads")
 """The only settings a rerun may change when it continues a run: how far it trains and how many
 threads it trains with. Any other change would make the run's checkpoint, curves and
 config.yaml describe two different trainings."""
+PRE_VECTOR_DEFAULTS: dict[str, Any] = {
+    "deploy": "online",
+    "start": "original",
+    "num_envs": 1,
+    "num_steps": None,
+}
+"""What a run saved before these settings existed ran with: its saved config reads as such."""
 ENV_FIELDS = (
     "size",
     "cost",
+    "deploy",
+    "start",
     "measure_every",
     "ort_level",
     "portable",
@@ -63,6 +76,8 @@ ENV_FIELDS = (
     "horizon",
 )
 """The PPOConfig fields that are GraphRewriteEnv keyword arguments (besides `models`)."""
+EPISODE_INFO = ("model", "speedup", "step")
+"""What an episode's entry in progress.json reads from the env's last info of it."""
 
 
 @dataclass
@@ -72,8 +87,10 @@ class PPOConfig:
     # ---- the environment
     models: list[str] = field(default_factory=lambda: ["squeezenet-1.1"])  # one per episode
     size: str = "small"  # zoo model size: small | full
-    cost: str = "analytic"  # reward cost source: analytic | perop | e2e | e2e-sparse
-    measure_every: int = 10  # e2e-sparse: env steps between end-to-end measurements
+    cost: str = "perop-e2e"  # reward cost: perop-e2e | perop | analytic | e2e | e2e-sparse
+    measure_every: int = 10  # perop-e2e, e2e-sparse: env steps between end-to-end checks
+    deploy: str = "offline"  # offline (graphs run as written) | online (ORT optimises them)
+    start: str = "original"  # where episodes begin: original | ort:all | ort:extended | ...
     ort_level: str = "all"  # onnxruntime optimisation level of measurements: all | disable
     portable: bool = False  # only rules that emit standard ONNX ops
     max_nodes: int = 512  # padded operator count of an observation
@@ -93,7 +110,9 @@ class PPOConfig:
     total_steps: int = 20000  # env steps of the whole run (a rerun continues to this count)
     learning_rate: float = 5e-4  # Adam learning rate
     anneal_lr: bool = False  # decay the learning rate linearly to 0 over total_steps
-    episodes_per_update: int = 10  # whole episodes collected per policy update
+    num_envs: int = 1  # envs stepped together (a gymnasium vector env)
+    num_steps: int | None = None  # steps per env per update; null: episodes_per_update
+    episodes_per_update: int = 10  # episodes ended per update when num_steps is null
     gamma: float = 0.99  # discount factor
     gae_lambda: float = 0.95  # lambda of generalised advantage estimation
     minibatch_size: int = 16  # states per gradient step
@@ -139,7 +158,12 @@ class PPOConfig:
             raise RlflowError("give at least one model to train on")
         if self.scorer not in SCORER_MODES:
             raise RlflowError(f"unknown scorer {self.scorer!r}; choose {' or '.join(SCORER_MODES)}")
-        for name in ("total_steps", "episodes_per_update", "minibatch_size", "update_epochs"):
+        if self.num_steps is not None and self.num_steps < 1:
+            raise RlflowError(f"num_steps must be at least 1 (or null), got {self.num_steps}")
+        if self.deploy not in ("offline", "online"):
+            raise RlflowError(f"unknown deploy {self.deploy!r}; choose offline or online")
+        names = ("total_steps", "num_envs", "episodes_per_update", "minibatch_size")
+        for name in (*names, "update_epochs"):
             if getattr(self, name) < 1:
                 raise RlflowError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.horizon < 1:
@@ -148,15 +172,17 @@ class PPOConfig:
             raise RlflowError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
 
 
+def saved_config(values: dict[str, Any]) -> dict[str, Any]:
+    """A config a run saved (config.yaml, a checkpoint), with the settings it predates read
+    as what it ran with (`PRE_VECTOR_DEFAULTS`), not as today's defaults."""
+    if "num_envs" in values:
+        return dict(values)
+    return {**PRE_VECTOR_DEFAULTS, **values}
+
+
 def make_env(config: PPOConfig) -> GraphRewriteEnv:
-    """The training env: all of the config's models, one drawn per episode."""
-    return gym.make(
-        GRAPH_REWRITE_ID,
-        models=config.models,
-        max_episode_steps=config.horizon,
-        disable_env_checker=True,
-        **config.env_kwargs(),
-    )
+    """One env of the config: all of its models, one drawn per episode."""
+    return make_one_env(config.models, config.horizon, config.env_kwargs())
 
 
 def make_scorer(config: PPOConfig, num_rules: int) -> CandidateScorer:
@@ -250,11 +276,16 @@ def replay(
 
 
 def train(
-    config: PPOConfig, run_dir: str | os.PathLike, *, progress: bool = True
+    config: PPOConfig,
+    run_dir: str | os.PathLike,
+    *,
+    progress: bool = True,
+    backend: str = "inprocess",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """Train (or continue training) a PPO agent into `run_dir`; returns a summary."""
-    from tqdm import tqdm
-
+    """Train (or continue training) a PPO agent into `run_dir`; returns a summary. `backend`:
+    where the envs step, `inprocess` or `ray` (`rlflow.agents.vector`); it is no part of the
+    run's settings, so a rerun may change it."""
     config.validate()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -267,8 +298,33 @@ def train(
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    env = make_env(config)
-    rule_names = list(env.unwrapped.rule_names)
+    envs = make_vector_env(
+        config.models,
+        config.horizon,
+        config.env_kwargs(),
+        num_envs=config.num_envs,
+        backend=backend,
+        ray_address=ray_address,
+    )
+    try:
+        return _train_in(envs, config, run_dir, resumed, progress=progress)
+    finally:
+        envs.close()
+
+
+def _train_in(
+    envs: Any,
+    config: PPOConfig,
+    run_dir: Path,
+    resumed: dict[str, Any] | None,
+    *,
+    progress: bool,
+) -> dict[str, Any]:
+    """The training loop of `train`, stepping `envs` (which the caller closes)."""
+    from tqdm import tqdm
+
+    checkpoint_path = run_dir / CHECKPOINT
+    rule_names = list(envs.get_attr("rule_names")[0])
     scorer = make_scorer(config, len(rule_names))
     optimizer = torch.optim.Adam(scorer.parameters(), lr=config.learning_rate, eps=1e-5)
     global_step, update, episode, real_measurements_before, wall_before = 0, 0, 0, 0, 0.0
@@ -298,8 +354,11 @@ def train(
 
     started = time.perf_counter()
     start_step = global_step
-    # A resumed run reseeds the env from its step count: a fresh but reproducible stream.
-    observation, info = env.reset(seed=config.seed + global_step)
+    # A resumed run reseeds the envs from its step count: a fresh but reproducible stream
+    # (env i draws from seed + step + i).
+    batched, _ = envs.reset(seed=config.seed + global_step)
+    observations = unbatch(batched, config.num_envs)
+    running_returns = np.zeros(config.num_envs)
     bar = tqdm(
         total=config.total_steps,
         initial=global_step,
@@ -312,79 +371,100 @@ def train(
 
     def real_measurements() -> int:
         """End-to-end measurements of the whole run, earlier runs of it included."""
-        return real_measurements_before + env.unwrapped.real_measurements
+        return real_measurements_before + int(sum(envs.get_attr("real_measurements")))
+
+    def values_of(states: list[dict[str, np.ndarray]]) -> list[float]:
+        with torch.no_grad():
+            return [float(v) for v in scorer.value(collate(states)).reshape(-1)]
 
     while global_step < config.total_steps:
         if config.anneal_lr:
             frac = 1.0 - global_step / config.total_steps
             optimizer.param_groups[0]["lr"] = frac * config.learning_rate
 
-        # ---- rollout: whole episodes with the current policy
-        obs: list[Data] = []
-        cands: list[list[Data]] = []
-        actions, logprobs, rewards, values = [], [], [], []
-        next_values, episode_ends = [], []
-        episodes_done = 0
+        # ---- rollout: num_steps steps of every env (or until enough episodes have ended)
+        rollouts = [EnvRollout() for _ in range(config.num_envs)]
+        episodes_done, steps_done = 0, 0
         scorer.eval()
-        while episodes_done < config.episodes_per_update and global_step < config.total_steps:
-            state, candidates = policy_inputs(scorer, env, observation)
+        while global_step < config.total_steps and (
+            steps_done < config.num_steps
+            if config.num_steps is not None
+            else episodes_done < config.episodes_per_update
+        ):
+            states = [observation_to_data(observation) for observation in observations]
+            candidates: list[list[Data]] = [[] for _ in observations]
+            if scorer.needs_candidate_graphs:
+                candidates = [candidate_data(c) for c in envs.call("candidate_observations")]
             with torch.no_grad():
-                action, logprob, _, value = evaluate_actions(scorer, [state], [candidates])
-            observation, reward, terminated, truncated, info = env.step(int(action))
-            global_step += 1
-            bar.update(1)
-            obs.append(state)
-            cands.append(candidates)
-            actions.append(int(action))
-            logprobs.append(float(logprob))
-            rewards.append(float(reward))
-            values.append(float(value))
-            cut = global_step >= config.total_steps
-            ended = terminated or truncated or cut
-            if terminated:
-                next_values.append(0.0)
-            elif ended:  # truncated or out of budget: bootstrap from the state reached
-                with torch.no_grad():
-                    next_values.append(float(scorer.value(collate([observation]))))
-            else:
-                next_values.append(float("nan"))  # filled from values[t + 1] below
-            episode_ends.append(ended)
-            if terminated or truncated:
+                action, logprob, _, value = evaluate_actions(scorer, states, candidates)
+            batched, rewards, terminations, truncations, infos = envs.step(action.numpy())
+            following = unbatch(batched, config.num_envs)
+            global_step += config.num_envs
+            steps_done += 1
+            bar.update(config.num_envs)
+            truncated_states = [
+                index
+                for index in range(config.num_envs)
+                if truncations[index] and not terminations[index]
+            ]
+            final_observations = infos.get("final_obs")
+            bootstrap = dict(
+                zip(
+                    truncated_states,
+                    values_of([final_observations[i] for i in truncated_states])
+                    if truncated_states
+                    else [],
+                )
+            )
+            for index, rollout in enumerate(rollouts):
+                reward = float(rewards[index])
+                ended = bool(terminations[index] or truncations[index])
+                rollout.add(
+                    states[index],
+                    candidates[index],
+                    int(action[index]),
+                    float(logprob[index]),
+                    reward,
+                    float(value[index]),
+                    ended=ended,
+                    next_value=0.0 if terminations[index] else bootstrap.get(index),
+                )
+                running_returns[index] += reward
+                if not ended:
+                    continue
                 episode += 1
                 episodes_done += 1
-                episode_state = env.unwrapped.episode_state()
+                final = {key: infos["final_info"][key][index] for key in EPISODE_INFO}
                 entry = {
                     "episode": episode,
                     "global_step": global_step,
-                    "model": info["model"],
-                    "return": episode_state.reward,
-                    "speedup": info["speedup"],
-                    "length": info["step"],
+                    "model": str(final["model"]),
+                    "return": float(running_returns[index]),
+                    "speedup": float(final["speedup"]),
+                    "length": int(final["step"]),
                     "real_measurements": real_measurements(),
                     "wall_s": wall_before + time.perf_counter() - started,
                 }
+                running_returns[index] = 0.0
                 progress_log["episodes"].append(entry)
                 writer.scalar("charts/episodic_return", entry["return"], global_step)
                 writer.scalar("charts/speedup", entry["speedup"], global_step)
                 writer.scalar("charts/episodic_length", entry["length"], global_step)
                 bar.set_postfix_str(f"return {entry['return']:.2f} speedup {entry['speedup']:.3f}")
-                observation, info = env.reset()
+            observations = following
 
-        # ---- advantages: GAE over the rollout, episode by episode
-        steps = len(rewards)
-        b_values = torch.tensor(values)
-        b_rewards = torch.tensor(rewards)
-        advantages = torch.zeros(steps)
-        lastgaelam = 0.0
-        for t in reversed(range(steps)):
-            nextvalue = next_values[t] if episode_ends[t] else values[t + 1]
-            delta = b_rewards[t] + config.gamma * nextvalue - b_values[t]
-            carry = 0.0 if episode_ends[t] else lastgaelam
-            lastgaelam = delta + config.gamma * config.gae_lambda * carry
-            advantages[t] = lastgaelam
+        # ---- advantages: GAE env by env; a rollout cut mid-episode bootstraps from V(s_T)
+        cut = [index for index, rollout in enumerate(rollouts) if rollout.open]
+        for index, next_value in zip(cut, values_of([observations[i] for i in cut]) if cut else []):
+            rollouts[index].close(next_value)
+        pieces = [rollout.advantages(config.gamma, config.gae_lambda) for rollout in rollouts]
+        advantages = torch.cat([piece[0] for piece in pieces])
+        b_values = torch.cat([piece[1] for piece in pieces])
         returns = advantages + b_values
-        b_actions = torch.tensor(actions)
-        b_logprobs = torch.tensor(logprobs)
+        obs = [state for rollout in rollouts for state in rollout.states]
+        cands = [candidate for rollout in rollouts for candidate in rollout.candidates]
+        b_actions = torch.tensor([a for rollout in rollouts for a in rollout.actions])
+        b_logprobs = torch.tensor([p for rollout in rollouts for p in rollout.logprobs])
 
         # ---- optimise the policy and value network
         scorer.train()
@@ -454,7 +534,6 @@ def train(
 
     bar.close()
     writer.close()
-    env.close()
     recent = progress_log["episodes"][-config.episodes_per_update :]
     return {
         "run_dir": str(run_dir),
@@ -474,6 +553,7 @@ def train(
 
 def _check_resumable(saved: dict[str, Any], config: PPOConfig, run_dir: Path) -> None:
     """RlflowError when a rerun asks for other settings than the run it would continue."""
+    saved = saved_config(saved)
     wanted = config.to_dict()
     changed = [n for n in wanted if n not in MAY_CHANGE and saved.get(n) != wanted[n]]
     if changed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import check_output_dir, print_json
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
@@ -38,12 +39,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="POLICY",
     )
     parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")
-    parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes (default 1; in process only)"
+    )
+    add_backend_arguments(parser)
     parser.add_argument(
         "--size", choices=("small", "medium", "full"), help="zoo model size (small)"
     )
     parser.add_argument(
-        "--cost", choices=("analytic", "perop", "e2e", "e2e-sparse"), help="env reward cost"
+        "--cost",
+        choices=("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e"),
+        help="env reward cost",
     )
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
@@ -61,12 +67,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     check_output_dir("--out", args.out)  # before torch loads
+    check_backend(args)
 
     from rlflow.worldmodel.collect import CollectSettings, collect
 
     settings = settings_from(args, CollectSettings, "collect", FLAGS, models=args.model)
     before = _finished_shards(args.out)
-    manifest = collect(settings, args.out, workers=args.workers, progress=not args.quiet)
+    manifest = collect(
+        settings,
+        args.out,
+        workers=args.workers,
+        progress=not args.quiet,
+        backend=args.backend,
+        ray_address=args.ray_address,
+    )
     totals = manifest["totals"]
     summary = {
         "out": str(args.out),
@@ -78,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         "new_shards": len(manifest["shards"]) - before,
         "real_env_steps": totals["real_env_steps"],
         "real_measurements": totals["real_measurements"],
+        "backend": args.backend,
         "collect_s": totals["seconds"],
         "wall_s": time.perf_counter() - started,
     }

@@ -31,9 +31,12 @@ TAGS = (
 
 
 def tiny_config(**overrides) -> PPOConfig:
-    """Short episodes on resnet-18 (small): a handful of candidates, a small network."""
+    """Short episodes on resnet-18 (small): a handful of candidates, a small network; the
+    analytic ablation online (no measurement: fast, and the same in CI as here)."""
     values = dict(
         models=["resnet-18"],
+        cost="analytic",
+        deploy="online",
         total_steps=20,
         max_candidates=4,
         horizon=5,
@@ -73,6 +76,8 @@ def test_training_raises_the_return_above_the_untrained_policy(tmp_path) -> None
         layers=2,
         seed=0,
         portable=True,
+        cost="analytic",
+        deploy="online",
     )
     torch.manual_seed(config.seed)
     rule_names = _default_rules(config.portable).names

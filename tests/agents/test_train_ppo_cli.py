@@ -18,7 +18,10 @@ import yaml
 from rlflow.agents.ppo import CHECKPOINT, load_checkpoint
 from rlflow.cli import main
 
-TINY = ("--model", "resnet-18", "--max-candidates", "4", "--horizon", "5", "--no-progress")
+TINY = (
+    "--model", "resnet-18", "--max-candidates", "4", "--horizon", "5", "--no-progress",
+    "--cost", "analytic", "--deploy", "online",  # the ablation: nothing measured
+)  # fmt: skip
 
 
 def rlflow(capsys, *args: str) -> tuple[int, str, str]:

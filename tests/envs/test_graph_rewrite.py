@@ -279,6 +279,29 @@ def test_e2e_sparse_measures_every_n_steps_and_the_return_is_the_measured_saving
     assert info["real_measurements"] == runner.sessions_built
 
 
+def test_perop_e2e_scales_the_last_check_by_the_per_op_cost_between_checks(tmp_path):
+    runner = fast_runner()
+    perop = PerOpCostModel(OrtSettings(threads=1), cache_path=tmp_path / "p.sqlite", runs=2)
+    env = GraphRewriteEnv(
+        [SMALL], cost="perop-e2e", measure_every=2, runner=runner, perop_model=perop
+    )
+    rng = np.random.default_rng(0)
+    obs, info = env.reset(seed=0)
+    assert info["measured"] and info["original_cost"] == info["cost"]
+    anchor = (info["cost"], perop.cost_ms(env.current_graph()))
+    for _ in range(4):
+        obs, _, terminated, _, info = env.step(masked_random_action(obs, rng))
+        now = perop.cost_ms(env.current_graph())
+        if info["measured"]:
+            anchor = (info["cost"], now)
+        else:  # between checks: the last measurement, moved as the per-op cost moved
+            assert info["cost"] == pytest.approx(anchor[0] * now / anchor[1])
+        if terminated:
+            break
+    assert info["step"] >= 2 and info["real_measurements"] >= 2
+    env.close()
+
+
 def test_render_ansi_summarises_the_episode():
     env = GraphRewriteEnv([SMALL], render_mode="ansi")
     env.reset(seed=0)
