@@ -23,6 +23,7 @@ COMMANDS = {
     "search": "search",
     "collect": "collect",
     "train-wm": "train_wm",
+    "train-wm-loop": "train_wm_loop",
     "train-ppo": "train_ppo",
     "train-controller": "train_controller",
     "optimize": "optimize",

@@ -1,0 +1,137 @@
+"""World Models' loop (`rlflow train-wm-loop`): collect with random, then with the controller,
+retrain, repeat; the held-out report of each world model, and dream-vs-real rank correlation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from rlflow.cli import main
+from rlflow.errors import RlflowError
+from rlflow.worldmodel.data import MANIFEST, RolloutData, read_manifest
+from rlflow.worldmodel.heldout import heldout_report, rank_correlation, ranks
+from rlflow.worldmodel.loop import merge_rollouts
+from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.train import encode_all, evaluate_rnn
+
+LOOP_CONFIG = {
+    "collect": {"episodes_per_shard": 4, "max_episode_steps": 6},
+    "train_wm": {
+        "latent": 4,
+        "encoder_hidden": 16,
+        "encoder_layers": 1,
+        "encoder_heads": 2,
+        "decoder_hidden": 16,
+        "vae_epochs": 2,
+        "rnn_hidden": 16,
+        "mixtures": 2,
+        "action_embedding": 4,
+        "rnn_epochs": 2,
+        "rnn_batch": 4,
+        "holdout": 0.25,
+    },
+    "train_controller": {
+        "temperatures": [0.5, 1.0],
+        "max_steps": 6,
+        "generations": 2,
+        "population": 4,
+        "rollouts": 2,
+        "eval_dream_episodes": 4,
+    },
+}
+"""Tiny everything: the point is that each stage of each iteration runs and is reported."""
+
+
+def test_ranks_and_rank_correlation() -> None:
+    np.testing.assert_array_equal(ranks([3.0, 1.0, 2.0, 1.0]), [4.0, 1.5, 3.0, 1.5])
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert rank_correlation([1, 2], [1, 2]) is None  # too few to rank
+    assert rank_correlation([1, 2, 3], [5, 5, 5]) is None  # the real side says nothing
+
+
+def test_heldout_report_of_the_pipeline_world_model(pipeline) -> None:
+    world = WorldModel.load(pipeline.wm)
+    data = RolloutData.load(pipeline.data)
+    report = heldout_report(world, data, [0, 1, 2])
+    assert report["episodes"] == 3 and report["steps"] == int(
+        data.arrays["episode_steps"][:3].sum()
+    )
+    assert np.isfinite(report["latent_nll"])
+    for key in ("done_accuracy", "mask_accuracy", "mask_exact"):
+        assert report[key] is None or 0.0 <= report[key] <= 1.0, key
+    assert 0.0 <= report["cost_ratio_mae"] <= report["cost_ratio_max_error"]
+    # the same NLL as train-wm's own evaluation of M (teacher forcing with V's means)
+    mu, _ = encode_all(world.vae, data)
+    expected = evaluate_rnn(world.rnn, data, np.array([0, 1, 2]), mu)["mdn_nll"]
+    assert report["latent_nll"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_merge_rollouts_links_every_shard_in_order(pipeline, tmp_path) -> None:
+    merged = merge_rollouts([pipeline.data, pipeline.data], tmp_path / "all")
+    data, once = RolloutData.load(merged), RolloutData.load(pipeline.data)
+    assert data.num_episodes == 2 * once.num_episodes
+    np.testing.assert_array_equal(
+        data.arrays["episode_return"], np.tile(once.arrays["episode_return"], 2)
+    )
+    manifest = read_manifest(merged)
+    assert manifest["totals"]["episodes"] == 2 * once.num_episodes
+    before = {path.name: path.stat().st_ino for path in merged.iterdir()}
+    merge_rollouts([pipeline.data, pipeline.data], tmp_path / "all")  # already there: kept
+    assert {path.name: path.stat().st_ino for path in merged.iterdir()} == before
+
+
+def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys) -> None:
+    config = tmp_path / "loop.yaml"
+    config.write_text(yaml.safe_dump(LOOP_CONFIG))
+    out = tmp_path / "loop"
+    argv = [
+        "train-wm-loop", "--model", "resnet-18", "--out", str(out), "--iterations", "2",
+        "--episodes", "8", "--config", str(config), "--quiet",
+    ]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    first, second = summary["iterations"]
+    assert first["policy"] == "random"
+    assert second["policy"].startswith("agent:") and second["policy"].endswith("controller")
+    assert (first["data_episodes"], second["data_episodes"]) == (8, 16)  # retrained on all
+    assert read_manifest(out / "iter-1" / "data")["settings"]["policy"] == second["policy"]
+    for entry in (first, second):
+        assert len(entry["controllers"]) == 2
+        assert entry["heldout"]["steps"] >= 1 and np.isfinite(entry["heldout"]["latent_nll"])
+    assert first["heldout_next"]["episodes"] == 8  # world model 0 on the controller's data
+    assert second["heldout_next"] is None
+    assert summary["controllers_ranked"] == 4
+    rho = summary["dream_real_rank_correlation"]
+    assert rho is None or -1.0 <= rho <= 1.0
+    assert summary["real_env_steps"] >= first["collected"]["steps"] + second["collected"]["steps"]
+    assert (out / "iterations.png").is_file() and (out / "loop.json").is_file()
+
+    # a rerun finds every iteration done and prints the table without redoing any
+    stamp = (out / "iter-1" / "report.json").stat().st_mtime_ns
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "Spearman rho" in printed and "latent NLL" in printed
+    assert (out / "iter-1" / "report.json").stat().st_mtime_ns == stamp
+
+
+def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
+    out = tmp_path / "loop"
+    argv = ["train-wm-loop", "--model", "resnet-18", "--out", str(out)]
+    assert main([*argv, "--iterations", "0"]) == 2
+    assert "--iterations must be at least 1" in capsys.readouterr().err
+    assert main([*argv, "--ray-address", "auto"]) == 2
+    assert "--ray-address needs --backend ray" in capsys.readouterr().err
+    assert not out.exists()
+
+    base = {"kind": "rollouts", "settings": {"policy": "random"}, "shards": {}}
+    sources = []
+    for name, rules in (("good", ["a"]), ("other", ["b"])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MANIFEST).write_text(json.dumps({**base, "rule_names": rules}))
+        sources.append(tmp_path / name)
+    with pytest.raises(RlflowError, match="another env"):
+        merge_rollouts(sources, tmp_path / "all")

@@ -1,0 +1,99 @@
+"""How good a world model is on rollouts it did not train on, and how well its dream ranks
+controllers.
+
+`heldout_report` runs M along real episodes (teacher forcing: z = V's mean of each real
+observation, the real actions) and scores each prediction of the next step against what the
+real env did: the latent NLL (M's mixture density of the next z), the cost-ratio error
+(|C_{t+1}/C_0 predicted - real|), and the accuracy of the done flag and of the next action
+mask (per rule, and whole masks right). `rank_correlation` is Spearman's rho, for how well
+dream returns order controllers as their real returns do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlflow.errors import RlflowError
+from rlflow.worldmodel.data import RolloutData
+from rlflow.worldmodel.mdnrnn import mdnrnn_losses
+from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.train import cost_ratios, encode_all, episode_sequences
+
+
+@torch.no_grad()
+def heldout_report(
+    world: WorldModel, data: RolloutData, episodes: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """M's one-step predictions along `episodes` of `data` (default: all), scored against
+    the real next step. `data` must come from an env with the world model's rule list."""
+    if data.rule_names != world.rule_names:
+        raise RlflowError(
+            "the held-out rollouts were collected with another rule list than the world "
+            "model's; collect them with the same rlflow and env settings"
+        )
+    episodes = np.arange(data.num_episodes) if episodes is None else np.asarray(episodes)
+    if not len(episodes):
+        raise RlflowError("no held-out episode to evaluate the world model on")
+    mu, _ = encode_all(world.vae, data)
+    sequences = episode_sequences(data, episodes)
+    arrays = data.arrays
+    z = torch.as_tensor(mu[sequences.obs], dtype=torch.float32)
+    actions = torch.as_tensor(arrays["action_rule"][sequences.steps], dtype=torch.long)
+    output, _ = world.rnn(z[:, :-1], actions)
+    valid = torch.as_tensor(sequences.valid)
+    next_cost = torch.as_tensor(cost_ratios(data)[sequences.obs[:, 1:]], dtype=torch.float32)
+    done = torch.as_tensor(arrays["terminated"][sequences.steps])
+    applicable = torch.as_tensor(arrays["next_rule_applicable"][sequences.steps])
+    stopped = actions == world.rnn.stop_action
+    losses = mdnrnn_losses(
+        output,
+        next_z=z[:, 1:],
+        next_cost=next_cost,
+        done=done,
+        next_applicable=applicable,
+        valid=valid,
+        stopped=stopped,
+    )
+    cost_error = (output.cost - next_cost).abs()[valid]
+    # Stop ends an episode by construction: done is scored where it is news (as M learns it).
+    news = valid & ~stopped
+    done_right = ((output.done_logit > 0) == done.bool())[news]
+    mask_right = (output.mask_logits > 0) == applicable.bool()
+    return {
+        "episodes": len(episodes),
+        "steps": int(valid.sum()),
+        "latent_nll": float(losses["mdn_nll"]),
+        "cost_ratio_mae": float(cost_error.mean()),
+        "cost_ratio_max_error": float(cost_error.max()),
+        "done_accuracy": float(done_right.float().mean()) if len(done_right) else None,
+        "mask_accuracy": float(mask_right[valid].float().mean()),
+        "mask_exact": float(mask_right.all(dim=-1)[valid].float().mean()),
+    }
+
+
+def ranks(values: Sequence[float]) -> np.ndarray:
+    """Ranks 1..n of `values`, ties sharing their mean rank."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    ranked = np.empty(len(values))
+    ranked[order] = np.arange(1, len(values) + 1)
+    for value in np.unique(values):
+        tied = values == value
+        ranked[tied] = ranked[tied].mean()
+    return ranked
+
+
+def rank_correlation(dream: Sequence[float], real: Sequence[float]) -> float | None:
+    """Spearman's rho of paired returns; None for fewer than 3 pairs or a constant side."""
+    if len(dream) != len(real):
+        raise ValueError("dream and real returns must pair up")
+    if len(dream) < 3:
+        return None
+    a, b = ranks(dream), ranks(real)
+    if a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])

@@ -1,0 +1,252 @@
+"""The World Models loop: collect, train V and M, train the controller, collect with it, repeat.
+
+Iteration 0 collects with RLFlow's random agent; iteration k > 0 with iteration k-1's
+controller, so the data grows where the controller goes (Ha & Schmidhuber, section 5: "iterative
+training"). Each iteration trains a fresh world model on all the data so far and a fresh
+controller in its dream, then runs the controllers in the real env for their real returns.
+
+LOOP_DIR/iter-K/ holds `data/` (this iteration's rollouts, a `rlflow collect` directory),
+`data-all/` (iterations 0..K merged, shards linked), `wm/` (a `train-wm` run), `controller/`
+(a `train-controller` run) and `report.json`; LOOP_DIR/loop.json gathers the iterations. Each
+stage resumes as its own command does, and a finished iteration is not redone.
+
+The held-out report scores world model K on data it never saw: its own held-out split, and
+iteration K+1's rollouts (collected by a controller it trained, the distribution the loop moves
+to). The dream returns of all controllers (every iteration and tau) are ranked against their
+real returns (Spearman's rho): whether a dream can pick the better controller.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rlflow.config import write_run_config
+from rlflow.errors import RlflowError
+from rlflow.fileio import write_json_atomic
+from rlflow.worldmodel.collect import CollectSettings, collect, update_totals
+from rlflow.worldmodel.controller import ControllerSettings
+from rlflow.worldmodel.data import MANIFEST, SHARD_PATTERN, RolloutData, read_manifest
+from rlflow.worldmodel.heldout import heldout_report, rank_correlation
+from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.train import WorldModelSettings, train_world_model, training_data
+from rlflow.worldmodel.train_controller import train_controller
+
+LOOP_REPORT = "loop.json"
+ITERATION_REPORT = "report.json"
+
+
+@dataclass
+class LoopSettings:
+    """The loop's own knobs; each stage takes its settings from its section of the config."""
+
+    iterations: int = 3  # collect-train-control rounds (World Models: until the task is solved)
+    backend: str = "inprocess"  # where collection runs: inprocess | ray
+    ray_address: str | None = None  # --backend ray: the cluster (default: a local Ray)
+    workers: int = 1  # in-process collection processes
+    measure: bool = False  # time each controller's final graphs end to end (slow)
+
+    def validate(self) -> None:
+        if self.iterations < 1:
+            raise RlflowError(f"--iterations must be at least 1, got {self.iterations}")
+
+
+def iteration_dir(loop_dir: Path, index: int) -> Path:
+    return Path(loop_dir) / f"iter-{index}"
+
+
+def merge_rollouts(sources: list[Path], out: Path) -> Path:
+    """One data directory holding every shard of `sources` (linked, else copied), renumbered
+    in order; rebuilt unless it already holds exactly these sources' shards."""
+    manifests = [read_manifest(source) for source in sources]
+    first = manifests[0]
+    for source, manifest in zip(sources[1:], manifests[1:], strict=True):
+        for key in ("rule_names", "env", "node_features", "edge_features", "global_features"):
+            if manifest.get(key) != first.get(key):
+                raise RlflowError(f"{source} was collected with another env ({key} differs)")
+    shards: dict[str, Any] = {}
+    links: list[tuple[Path, Path]] = []
+    for source, manifest in zip(sources, manifests, strict=True):
+        for name in sorted(manifest["shards"]):
+            index = len(shards)
+            target = SHARD_PATTERN.format(index=index)
+            shards[target] = {**manifest["shards"][name], "index": index, "source": str(source)}
+            links.append((source / name, out / target))
+    policies = [manifest["settings"]["policy"] for manifest in manifests]
+    merged = {
+        **first,
+        "settings": {**first["settings"], "policy": policies},
+        "sources": [str(source) for source in sources],
+        "shards": shards,
+    }
+    update_totals(merged)
+    if (out / MANIFEST).is_file() and read_manifest(out) == merged:
+        if all(target.is_file() for _, target in links):
+            return out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for source, target in links:
+        try:
+            os.link(source, target)
+        except OSError:  # another file system, or links not allowed: copy
+            shutil.copyfile(source, target)
+    write_json_atomic(out / MANIFEST, merged)
+    return out
+
+
+def run_loop(
+    models: list[str],
+    loop_dir: str | Path,
+    loop: LoopSettings,
+    collect_settings: CollectSettings,
+    wm_settings: WorldModelSettings,
+    controller_settings: ControllerSettings,
+    *,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run (or continue) the loop in `loop_dir`; its report (also LOOP_DIR/loop.json)."""
+    from rlflow.worldmodel.evaluate import evaluate_real
+
+    loop.validate()
+    wm_settings.validate()
+    controller_settings.validate()
+    loop_dir = Path(loop_dir)
+    loop_dir.mkdir(parents=True, exist_ok=True)
+    identity = {
+        "models": list(models),
+        "collect": asdict(replace(collect_settings, policy="random")),
+        "train_wm": asdict(wm_settings),
+        "train_controller": asdict(controller_settings),
+    }
+    write_run_config(loop_dir, "world_models_loop", identity, may_change=("iterations",))
+    iterations: list[dict[str, Any]] = []
+    for index in range(loop.iterations):
+        here = iteration_dir(loop_dir, index)
+        report_path = here / ITERATION_REPORT
+        if report_path.is_file():
+            iterations.append(_read_json(report_path))
+            continue
+        _say(progress, f"iteration {index}: collect, train the world model and the controller")
+        policy = "random"
+        if index > 0:
+            policy = f"agent:{iteration_dir(loop_dir, index - 1).resolve() / 'controller'}"
+        settings = replace(
+            collect_settings,
+            models=list(models),
+            policy=policy,
+            seed=collect_settings.seed + index,
+        )
+        manifest = collect(
+            settings,
+            here / "data",
+            workers=loop.workers,
+            progress=progress,
+            backend=loop.backend,
+            ray_address=loop.ray_address,
+        )
+        if index > 0:  # the last world model, on the data its own controller went to
+            previous = iteration_dir(loop_dir, index - 1)
+            world = WorldModel.load(previous / "wm")
+            iterations[-1]["heldout_next"] = heldout_report(world, RolloutData.load(here / "data"))
+            write_json_atomic(previous / ITERATION_REPORT, iterations[-1])
+        sources = [iteration_dir(loop_dir, k) / "data" for k in range(index + 1)]
+        data_dir = merge_rollouts(sources, here / "data-all")
+        wm_dir = here / "wm"
+        data = training_data(data_dir, wm_dir)
+        wm_dir.mkdir(parents=True, exist_ok=True)
+        write_run_config(
+            wm_dir,
+            "world_model",
+            {"data": str(data_dir.resolve()), **asdict(wm_settings)},
+            may_change=("vae_epochs", "rnn_epochs"),
+        )
+        wm_summary = train_world_model(data_dir, wm_dir, wm_settings, progress=progress, data=data)
+        world = WorldModel.load(wm_dir)
+        _, held_out = data.episodes_split(wm_settings.holdout, wm_settings.seed)
+        heldout = heldout_report(world, data, held_out) if len(held_out) else None
+
+        controller_dir = here / "controller"
+        controller_dir.mkdir(parents=True, exist_ok=True)
+        write_run_config(
+            controller_dir,
+            "controller",
+            {"wm": str(wm_dir.resolve()), **asdict(controller_settings)},
+            may_change=("generations", "ppo_iterations", "eval_dream_episodes"),
+        )
+        trained = train_controller(wm_dir, controller_dir, controller_settings, progress=progress)
+        real = evaluate_real(
+            controller_dir,
+            WorldModel.from_bundle(controller_dir / "world_model.pt"),
+            controller_settings,
+            list(models),
+            random_episodes=0,
+            seed=controller_settings.seed,
+            measure=loop.measure,
+            progress=progress,
+        )
+        write_json_atomic(controller_dir / "eval.json", real)
+        entry = {
+            "iteration": index,
+            "policy": policy,
+            "collected": dict(manifest["totals"]),
+            "data_episodes": data.num_episodes,
+            "heldout": heldout,
+            "heldout_next": None,
+            "world_model": {"vae": wm_summary["vae"], "mdnrnn_val": wm_summary["mdnrnn_val"]},
+            "controllers": [
+                {
+                    "temperature": row["temperature"],
+                    "dream_return": row["dream_return"],
+                    "real_return": row["real_return"],
+                    "speedup": row["speedup"],
+                    "parameters": trained[tau]["parameters"],
+                }
+                for tau, row in real["temperatures"].items()
+            ],
+            "eval_real_env_steps": real["real_env_steps"],
+            "eval_real_measurements": real["real_measurements"],
+        }
+        write_json_atomic(report_path, entry)
+        iterations.append(entry)
+    return _summarise(loop_dir, iterations)
+
+
+def _summarise(loop_dir: Path, iterations: list[dict[str, Any]]) -> dict[str, Any]:
+    controllers = [row for entry in iterations for row in entry["controllers"]]
+    collected = [entry["collected"] for entry in iterations]
+    summary = {
+        "loop_dir": str(loop_dir),
+        "iterations": iterations,
+        "dream_real_rank_correlation": rank_correlation(
+            [row["dream_return"] for row in controllers],
+            [row["real_return"] for row in controllers],
+        ),
+        "controllers_ranked": len(controllers),
+        "real_env_steps": sum(int(c.get("real_env_steps", 0)) for c in collected)
+        + sum(int(entry["eval_real_env_steps"]) for entry in iterations),
+        "real_measurements": sum(int(c.get("real_measurements", 0)) for c in collected)
+        + sum(int(entry["eval_real_measurements"]) for entry in iterations),
+    }
+    write_json_atomic(loop_dir / LOOP_REPORT, summary)
+    return summary
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RlflowError(
+            f"{path} is unreadable ({error}); delete it to redo the iteration"
+        ) from None
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(text, file=sys.stderr)
