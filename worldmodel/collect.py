@@ -365,6 +365,10 @@ def collect(
         raise RlflowError(f"unknown backend {backend!r}; choose inprocess or ray")
     out = Path(out)
     manifest, jobs = prepare(settings, out)
+    if backend == "ray" and jobs:  # reach Ray before anything is written
+        from rlflow.agents.ray_workers import init
+
+        init(ray_address)
     out.mkdir(parents=True, exist_ok=True)
     update_totals(manifest)
     write_manifest(out, manifest)

@@ -288,7 +288,6 @@ def train(
     run's settings, so a rerun may change it."""
     config.validate()
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_path = run_dir / CHECKPOINT
     resumed = load_checkpoint(run_dir) if checkpoint_path.exists() else None
     if resumed is not None:
@@ -307,6 +306,7 @@ def train(
         ray_address=ray_address,
     )
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)  # once the envs are up (Ray reached)
         return _train_in(envs, config, run_dir, resumed, progress=progress)
     finally:
         envs.close()

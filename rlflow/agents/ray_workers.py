@@ -42,6 +42,24 @@ def require_ray() -> Any:
     return ray
 
 
+def check_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """RlflowError unless `HOST:PORT` accepts a connection within `timeout_s`: Ray itself
+    retries an unreachable address for minutes. Other forms (`auto`, `ray://...`) are left to
+    Ray, which fails fast on them."""
+    import socket
+
+    host, _, port = (address or "").rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise RlflowError(
+            f"cannot reach Ray at {address} ({error.strerror or error}); start the cluster "
+            "with `ray start --head` there, or drop --ray-address for a local Ray"
+        ) from None
+
+
 def init(address: str | None = None) -> Any:
     """Ray, connected: to the running session if there is one, to `address` (or the
     `RAY_ADDRESS` environment variable, as Ray reads it) if given, else a new local Ray whose
@@ -51,6 +69,7 @@ def init(address: str | None = None) -> Any:
     ray = require_ray()
     if ray.is_initialized():
         return ray
+    check_address(address)
     try:
         if address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=address, log_to_driver=False)

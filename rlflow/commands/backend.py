@@ -31,6 +31,7 @@ def check_backend(args: argparse.Namespace) -> None:
     if args.ray_address and args.backend != "ray":
         raise RlflowError("--ray-address needs --backend ray")
     if args.backend == "ray":
-        from rlflow.agents.ray_workers import require_ray
+        from rlflow.agents.ray_workers import check_address, require_ray
 
         require_ray()
+        check_address(args.ray_address)

@@ -95,3 +95,19 @@ def test_ppo_envs_on_ray_train_as_in_process(tmp_path, local_ray) -> None:
 def test_an_error_in_a_ray_worker_is_its_one_line(tmp_path, local_ray) -> None:
     with pytest.raises(RlflowError, match=r"^model resnet-18 has \d+ operators, more than"):
         train(tiny_config(num_envs=2, max_nodes=4), tmp_path, progress=False, backend="ray")
+
+
+def test_an_unreachable_cluster_is_one_line_and_nothing_written(tmp_path, capsys) -> None:
+    # No Ray is started: the address is checked before Ray's own minutes of retries.
+    address = ("--backend", "ray", "--ray-address", "127.0.0.1:1")
+    for argv in (
+        ["collect", "--model", "resnet-18", "--episodes", "2", "--out", str(tmp_path / "d")],
+        ["train-ppo", "--model", "resnet-18", "--out", str(tmp_path / "r")],
+    ):
+        assert main([*argv, *address]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "cannot reach Ray at 127.0.0.1:1" in lines[0], lines
+    assert not any(tmp_path.iterdir())
+    assert main(["collect", "--model", "resnet-18", "--out", str(tmp_path / "d"),
+                 "--ray-address", "auto"]) == 2  # fmt: skip
+    assert "--ray-address needs --backend ray" in capsys.readouterr().err
