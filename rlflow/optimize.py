@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from rlflow.advantage.spec import is_guided_spec, parse_guided
 from rlflow.agents.spec import AgentSpec, is_agent_spec, parse_agent
 from rlflow.cost import Deployment, EquivalenceReport, OrtSettings, Runner, check_equivalence
 from rlflow.cost.equivalence import FINAL_SEEDS, MAGNITUDES
@@ -73,18 +74,23 @@ class Method:
     """How a model is optimised: a search baseline by `name`, or a trained `agent`."""
 
     name: str
-    """greedy | taso | random | agent."""
+    """greedy | taso | random | guided | agent."""
     agent: AgentSpec | None = None
+    guide: Path | None = None
+    """guided: the `rlflow train-advantage` run whose model ranks the candidates."""
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`greedy`, `taso`, `random` or `agent:RUN_DIR` (the run must exist)."""
+        """`greedy`, `taso`, `random`, `guided:RUN_DIR` or `agent:RUN_DIR` (the run must
+        exist)."""
         if is_agent_spec(text):
             return cls("agent", parse_agent(text))
+        if is_guided_spec(text):
+            return cls("guided", guide=parse_guided(text))
         if text not in SEARCH_METHODS:
             raise RlflowError(
-                f"unknown method {text!r}; choose one of {', '.join(SEARCH_METHODS)} "
-                "or agent:RUN_DIR"
+                f"unknown method {text!r}; choose one of {', '.join(SEARCH_METHODS)}, "
+                "guided:RUN_DIR or agent:RUN_DIR"
             )
         return cls(text)
 
@@ -95,10 +101,14 @@ class Method:
     @property
     def label(self) -> str:
         """A short name for tables: `taso`, or `agent:RUN_DIR_NAME`."""
+        if self.guide is not None:
+            return f"guided:{self.guide.name}"
         return self.agent.label if self.agent is not None else self.name
 
     def __str__(self) -> str:
         """The spelling that `parse` reads back."""
+        if self.guide is not None:
+            return f"guided:{self.guide}"
         return str(self.agent) if self.agent is not None else self.name
 
 
@@ -113,6 +123,8 @@ class SearchOptions:
     the env's (agent)."""
     alpha: float = 1.05
     """taso: keep graphs under alpha x the best cost."""
+    exploration: float = 0.1
+    """guided: the chance an expansion takes a random frontier candidate, not the best."""
     seed: int = 0
     """random: seed of the walks; agents: seed of the rollouts."""
     top_k: int = 3
@@ -137,13 +149,18 @@ class SearchOptions:
 def expansion_total(method: Method, budget: int | None) -> int | None:
     """The expansions a search will make (for a progress bar); None when unknown (greedy,
     agents)."""
-    from rlflow.search import random_walk, taso
+    from rlflow.search import guided, random_walk, taso
 
     if method.is_agent:
         return None
     if budget is not None:
         return budget
-    return {"taso": taso.DEFAULT_BUDGET, "random": random_walk.DEFAULT_BUDGET}.get(method.name)
+    defaults = {
+        "taso": taso.DEFAULT_BUDGET,
+        "random": random_walk.DEFAULT_BUDGET,
+        "guided": guided.DEFAULT_BUDGET,
+    }
+    return defaults.get(method.name)
 
 
 @dataclass(frozen=True)
@@ -164,8 +181,9 @@ class Run:
     """The cost a search ranks graphs by when `options.cost` names none."""
 
 
-def run_search(name: str, start: Graph, run: Run) -> SearchResult:
-    """Run a search baseline from `start`; its result is measured but not yet checked."""
+def run_search(name: str, start: Graph, run: Run, **extra: Any) -> SearchResult:
+    """Run a search baseline from `start`; its result is measured but not yet checked.
+    `extra` are further keyword arguments of the method (e.g. guided's `advantage`)."""
     from rlflow.rewrite import default_ruleset
     from rlflow.search import search
 
@@ -186,7 +204,26 @@ def run_search(name: str, start: Graph, run: Run) -> SearchResult:
         kwargs["alpha"] = options.alpha
     if name == "random":
         kwargs["seed"] = options.seed
-    return search(name, session, cost, **kwargs)
+    return search(name, session, cost, **kwargs, **extra)
+
+
+def run_guided(run_dir: Path, start: Graph, run: Run) -> SearchResult:
+    """The search guided by a trained advantage run (`rlflow.advantage.guide`), with the
+    options' budget, seed, alpha and exploration."""
+    from rlflow.advantage.guide import load_guide
+
+    options = run.options
+    if not 0.0 <= options.exploration <= 1.0:
+        raise RlflowError(f"--exploration must be in [0, 1], got {options.exploration}")
+    return run_search(
+        "guided",
+        start,
+        run,
+        advantage=load_guide(run_dir),
+        seed=options.seed,
+        alpha=options.alpha,
+        exploration=options.exploration,
+    )
 
 
 def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
@@ -231,6 +268,8 @@ def run_method(method: Method, start: Graph, run: Run) -> SearchResult:
     """`run_agent` for an agent, else `run_search`: measured, not yet checked."""
     if method.agent is not None:
         return run_agent(method.agent, start, run)
+    if method.guide is not None:
+        return run_guided(method.guide, start, run)
     return run_search(method.name, start, run)
 
 

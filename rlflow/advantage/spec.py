@@ -7,6 +7,7 @@ without torch, as `rlflow.agents.spec` does for `agent:RUN_DIR`.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from rlflow.config import read_yaml
@@ -38,6 +39,15 @@ def read_advantage_run(run_dir: str | Path) -> Path:
     return path
 
 
+def run_digest(run_dir: str | Path) -> str | None:
+    """A digest of a run's checkpoint (None before its first epoch): what a bench cell of
+    `guided:RUN_DIR` was made with, so that a cell is redone once the run has trained again."""
+    path = Path(run_dir) / "checkpoints" / "latest.pt"
+    if not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
 def parse_guided(text: str) -> Path:
     """`guided:RUN_DIR` as the run directory (checked)."""
     prefix, _, run_dir = text.partition(":")
@@ -46,4 +56,11 @@ def parse_guided(text: str) -> Path:
     return read_advantage_run(run_dir)
 
 
-__all__ = ["GUIDED_PREFIX", "RUN_KIND", "is_guided_spec", "parse_guided", "read_advantage_run"]
+__all__ = [
+    "GUIDED_PREFIX",
+    "RUN_KIND",
+    "is_guided_spec",
+    "parse_guided",
+    "read_advantage_run",
+    "run_digest",
+]

@@ -61,7 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--models", nargs="+", metavar="MODEL", help="zoo names or .onnx paths")
     parser.add_argument(
-        "--methods", nargs="+", metavar="METHOD", help="greedy, taso, random, agent:RUN_DIR"
+        "--methods",
+        nargs="+",
+        metavar="METHOD",
+        help="greedy, taso, random, guided:RUN_DIR, agent:RUN_DIR",
     )
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
     parser.add_argument(
@@ -212,6 +215,7 @@ class _MethodProgress:
 def _still_valid(cell: dict[str, Any], method: Method, out: Path) -> bool:
     """Whether a recorded cell can stand: same method (an agent's run not trained further since),
     and its model file still there."""
+    from rlflow.advantage.spec import run_digest
     from rlflow.report import read_progress, real_env_steps
 
     if cell.get("method_spec") != str(method):
@@ -219,6 +223,8 @@ def _still_valid(cell: dict[str, Any], method: Method, out: Path) -> bool:
     if method.agent is not None:
         if real_env_steps(read_progress(method.agent.run_dir)) != cell.get("env_steps"):
             return False
+    if method.guide is not None and run_digest(method.guide) != cell.get("guide_digest"):
+        return False
     return not cell["equivalent"] or (out / cell["graph_file"]).is_file()
 
 
@@ -281,6 +287,7 @@ def bench_model(
     """Every method on one model in every deploy mode, then one comparison per mode, then the
     tuning peer; each finished step is saved to results.json at once, and skipped if it is
     there already."""
+    from rlflow.advantage.spec import run_digest
     from rlflow.cost import Deployment, OrtSettings
     from rlflow.cost.ort_optimizer import start_state, tuning_peer
     from rlflow.fileio import write_json_atomic
@@ -372,6 +379,7 @@ def bench_model(
                 "expansions": search.expansions,
                 "evaluated": search.evaluated,
                 "env_steps": env_steps,
+                "guide_digest": run_digest(method.guide) if method.guide is not None else None,
                 "rules_applied": search.rules_applied,
                 "fusions": result.fusions,
                 "cost_model": search.cost_model,

@@ -32,7 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(parser)
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
-        "--method", choices=SEARCH_METHODS, help=f"search baseline (default {DEFAULT_METHOD})"
+        "--method",
+        metavar="METHOD",
+        help=f"search: {', '.join(SEARCH_METHODS)} or guided:RUN_DIR (default {DEFAULT_METHOD})",
     )
     how.add_argument(
         "--agent", metavar="RUN_DIR", help="a trained run: train-ppo or train-controller RUN_DIR"
@@ -74,6 +76,13 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.05,
         help="taso: keep graphs under alpha x best cost (at least 1; default 1.05)",
+    )
+    parser.add_argument(
+        "--exploration",
+        type=float,
+        default=0.1,
+        help="guided: the chance that an expansion takes a random frontier candidate instead "
+        "of the best predicted (0 to 1; default 0.1)",
     )
     parser.add_argument(
         "--portable", action="store_true", help="search: only rules that emit standard ONNX ops"
@@ -143,12 +152,16 @@ def optimize_to_file(
 
     check_output_file("-o", args.output)
     check_number("--alpha", args.alpha, 1.0)
+    check_number("--exploration", args.exploration, 0.0)
+    if args.exploration > 1.0:
+        raise RlflowError(f"--exploration must be at most 1, got {args.exploration}")
     check_number("--min-time", args.min_time, 0.0)
     check_number("--threads", args.threads, 1)
     options = SearchOptions(
         budget=args.budget,
         cost=args.cost,
         alpha=args.alpha,
+        exploration=args.exploration,
         seed=args.seed,
         top_k=args.top_k,
         portable=args.portable,
@@ -195,8 +208,9 @@ def optimize_to_file(
     summary = result.summary(
         output=str(args.output),
         budget=total,
-        alpha=args.alpha if method.name == "taso" else None,
-        seed=args.seed if method.name == "random" or method.is_agent else None,
+        alpha=args.alpha if method.name in ("taso", "guided") else None,
+        exploration=args.exploration if method.name == "guided" else None,
+        seed=args.seed if method.name in ("random", "guided") or method.is_agent else None,
         portable=None if method.is_agent else args.portable,
         episodes=args.episodes if method.is_agent else None,
         min_time_s=args.min_time,

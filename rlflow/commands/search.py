@@ -18,7 +18,12 @@ from rlflow.optimize import SEARCH_METHODS
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("search", help="optimise a model with a search baseline")
     add_model_arguments(parser)
-    parser.add_argument("--method", choices=SEARCH_METHODS, required=True, help="search method")
+    parser.add_argument(
+        "--method",
+        required=True,
+        metavar="METHOD",
+        help=f"search method: {', '.join(SEARCH_METHODS)} or guided:RUN_DIR",
+    )
     add_method_arguments(parser)
     parser.set_defaults(run=run)
 

@@ -1,4 +1,5 @@
-"""Search baselines over rewrite sessions: greedy, TASO's backtracking, random walks.
+"""Search baselines over rewrite sessions: greedy, TASO's backtracking, random walks, and a
+search guided by a learned local advantage (given as a function: `rlflow.search.guided`).
 
 Each method drives a `RewriteSession` with the same rules the learners use, ranks graphs with
 a `SearchCost` (analytic, per-op measured or end-to-end measured), and ends by timing its

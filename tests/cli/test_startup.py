@@ -39,6 +39,7 @@ def test_zoo_list_loads_nothing_heavy():
         ["train-wm", "--data", "{tmp}/missing", "--out", "{tmp}/wm"],
         ["train-controller", "--wm", "{tmp}/missing", "--out", "{tmp}/file"],
         ["train-ppo", "--model", "resnet-18", "--out", "{tmp}/file"],
+        ["train-advantage", "--data", "{tmp}/missing", "--out", "{tmp}/adv"],
         ["collect", "--model", "resnet-18", "--out", "{tmp}/file"],
         ["zoo", "export", "resnet-18", "-o", "{tmp}"],
         ["inspect", "{tmp}/missing.onnx"],
