@@ -22,7 +22,10 @@ setup(
         "rlflow.worldmodel": "worldmodel",
         "rlflow.configs": "configs",
     },
-    package_data={"rlflow": ["rewrite/rules/*.json"], "rlflow.configs": ["*.yaml"]},
+    package_data={
+        "rlflow": ["rewrite/rules/*.json", "cost/tables/*.json"],
+        "rlflow.configs": ["*.yaml"],
+    },
     include_package_data=True,
     install_requires=[
         # torch is pinned by scripts/setup_venv.sh before this install: a plain "torch"

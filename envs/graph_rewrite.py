@@ -29,6 +29,7 @@ from rlflow.cost import (
     Runner,
 )
 from rlflow.cost.ort_optimizer import start_state
+from rlflow.cost.table import TableCostModel
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph, load_model
 from rlflow.nn.features import (
@@ -46,6 +47,8 @@ from rlflow.rewrite.session import EpisodeState, RewriteSession
 COST_SOURCES = ("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e")
 MEASURED_COSTS = ("e2e", "e2e-sparse", "perop-e2e")
 """The cost sources that time graphs end to end (every step, or every `measure_every`)."""
+TABLE_COST = "table:"
+"""The prefix of a cost table's cost source: `table:NAME` (shipped) or `table:PATH`."""
 REWARD_MEASURE_S = 0.5  # timed seconds per graph of an end-to-end reward measurement
 DEFAULT_MODELS = ("squeezenet-1.1",)
 DEFAULT_HORIZON = 50
@@ -117,6 +120,9 @@ class GraphRewriteEnv(gym.Env):
 
     - `"analytic"`: the roofline model (`AnalyticCostModel`), every step; cheap, noise-free.
     - `"perop"`: the per-op measured model (`PerOpCostModel`, TASO's), every step.
+    - `"table:NAME"` or `"table:PATH"`: a cost table's per-op times, measured once on another
+      device (a GPU's, `rlflow costs collect`), every step; operators it lacks are estimated
+      by its fitted roofline (`rlflow.cost.table.TableCostModel`, `env.table_model.usage()`).
     - `"e2e"`: the end-to-end latency measured in onnxruntime, every step: C_t is C_0 times
       the graph's ratio to the original, both timed interleaved in one run (the median of
       per-pair ratios, `Runner.compare`), and C_0 the original's median run. A reward thus
@@ -170,6 +176,8 @@ class GraphRewriteEnv(gym.Env):
       to every rewrite; docs/ARCHITECTURE.md, "What rlflow hands back").
     - `ort_level`: onnxruntime optimisation level of measurements online, "all" (default) or
       another of `rlflow.cost.ORT_LEVELS`.
+    - `provider`: where measurements run: "auto" (default: CUDA where onnxruntime has it),
+      "cpu" or "cuda".
     - `start`: where episodes begin: "original" (default: the model as given) or one of
       onnxruntime's optimised graphs of it, "ort:all", "ort:extended", ...,
       "ort:all-SkipLayerNormFusion" (`rlflow.cost.ort_optimizer.start_state`), so that an
@@ -197,6 +205,7 @@ class GraphRewriteEnv(gym.Env):
         measure_every: int = 10,
         ort_level: str = "all",
         deploy: str = "online",
+        provider: str = "auto",
         start: str = "original",
         ruleset: RuleSet | None = None,
         portable: bool = False,
@@ -212,8 +221,11 @@ class GraphRewriteEnv(gym.Env):
     ) -> None:
         if cost is None:  # offline every operator runs as written: per-op costs add up
             cost = "perop" if deploy == "offline" else "analytic"
-        if cost not in COST_SOURCES:
-            raise RlflowError(f"unknown cost {cost!r}; choose one of {', '.join(COST_SOURCES)}")
+        if cost not in COST_SOURCES and not cost.startswith(TABLE_COST):
+            raise RlflowError(
+                f"unknown cost {cost!r}; choose one of {', '.join(COST_SOURCES)}, table:NAME "
+                "or table:PATH"
+            )
         if min(max_nodes, max_edges, max_candidates, max_site_nodes, measure_every) < 1:
             raise RlflowError(
                 "max_nodes, max_edges, max_candidates, max_site_nodes and measure_every "
@@ -244,7 +256,7 @@ class GraphRewriteEnv(gym.Env):
         self._horizon_arg = horizon
 
         self.analytic = AnalyticCostModel()
-        self.settings = settings = measurement_settings(ort_level, deploy)
+        self.settings = settings = measurement_settings(ort_level, deploy, provider)
         """The onnxruntime settings measurements run under (offline: the optimiser off)."""
         needs_runner = cost in MEASURED_COSTS
         if runner is None and needs_runner:
@@ -256,6 +268,10 @@ class GraphRewriteEnv(gym.Env):
         self._owns_perop = cost in ("perop", "perop-e2e") and perop_model is None
         if self._owns_perop:
             self.perop_model = PerOpCostModel(settings, analytic=self.analytic)
+        self.table_model = (
+            TableCostModel(cost[len(TABLE_COST) :]) if cost.startswith(TABLE_COST) else None
+        )
+        """The cost table of a `table:` cost (None otherwise)."""
         self.real_measurements = 0
         """End-to-end measurements actually made (cache misses) since the env was made."""
 
@@ -326,6 +342,8 @@ class GraphRewriteEnv(gym.Env):
             self._cost0 = self._analytic0
         elif self.cost == "perop":
             self._cost0 = self._perop_cost(original)
+        elif self.table_model is not None:
+            self._cost0 = self.table_model.cost_ms(original)
         else:
             self._cost0 = self._measured_cost(original)
             self._anchor = (self._cost0, self._between_checks_cost(original))
@@ -556,6 +574,8 @@ class GraphRewriteEnv(gym.Env):
             cost = self._analytic_now
         elif self.cost == "perop":
             cost = self._perop_cost(graph)
+        elif self.table_model is not None:
+            cost = self.table_model.cost_ms(graph)
         elif self.cost == "e2e":
             cost = self._measured_cost(graph)
             self._measured_now = True
@@ -701,11 +721,11 @@ def capped_indices(rule_names: Sequence[str], limit: int) -> list[int]:
     raise AssertionError("unreachable: limit < len(rule_names)")
 
 
-def measurement_settings(ort_level: str, deploy: str) -> OrtSettings:
-    """The onnxruntime settings an env of these arguments measures under: one thread, and
-    offline the optimiser off (graphs run as written). Ray's timer actors measure for envs
-    in other processes under the same settings (`rlflow.agents.ray_workers`)."""
-    settings = OrtSettings(threads=1, ort_level=ort_level)
+def measurement_settings(ort_level: str, deploy: str, provider: str = "auto") -> OrtSettings:
+    """The onnxruntime settings an env of these arguments measures under: one thread on
+    `provider`, and offline the optimiser off (graphs run as written). Ray's timer actors
+    measure for envs in other processes under the same settings (`rlflow.agents.ray_workers`)."""
+    settings = OrtSettings(threads=1, ort_level=ort_level, provider=provider)
     deployment = Deployment(deploy)
     return deployment.settings(settings) if deployment.mode == "offline" else settings
 

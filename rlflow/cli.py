@@ -29,6 +29,7 @@ COMMANDS = {
     "train-advantage": "train_advantage",
     "optimize": "optimize",
     "bench": "bench",
+    "costs": "costs",
 }
 """Command name -> its module in rlflow/commands/, in the order `rlflow --help` lists them."""
 

@@ -66,7 +66,8 @@ AGENT_COSTS = {
     "e2e-sparse": "e2e",
     "perop-e2e": "perop",
 }
-"""An agent's env reward source -> the search cost model that ranks its rollouts' graphs."""
+"""An agent's env reward source -> the search cost model that ranks its rollouts' graphs (a
+`table:` source ranks them by its own table)."""
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,8 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
     policy = load_agent_policy(agent)
     started = time.perf_counter()
     env_cost = str(policy.env_config.get("cost", "analytic"))
-    cost = make_cost(options.cost or AGENT_COSTS.get(env_cost, "analytic"), run.settings)
+    ranked_by = env_cost if env_cost.startswith("table:") else AGENT_COSTS.get(env_cost, "analytic")
+    cost = make_cost(options.cost or ranked_by, run.settings)
     cost.reset_count()
     if progress is not None:
         progress.set_postfix_str(f"{options.episodes} {agent.kind} rollouts", refresh=True)
@@ -273,11 +275,15 @@ def run_method(method: Method, start: Graph, run: Run) -> SearchResult:
     return run_search(method.name, start, run)
 
 
-def check_result(original: Graph, graph: Graph, *, strict: bool = True) -> EquivalenceReport:
+def check_result(
+    original: Graph, graph: Graph, *, strict: bool = True, provider: str = "auto"
+) -> EquivalenceReport:
     """The equivalence report of an optimised graph against the original, each run under the
-    settings it declares (the original with the optimiser off), on every seed of FINAL_SEEDS at
-    every float scale of MAGNITUDES; RlflowError if it fails (when `strict`)."""
-    report = check_equivalence(original, graph, seeds=FINAL_SEEDS, scales=MAGNITUDES)
+    settings it declares (the original with the optimiser off) on `provider`, on every seed of
+    FINAL_SEEDS at every float scale of MAGNITUDES; RlflowError if it fails (when `strict`)."""
+    report = check_equivalence(
+        original, graph, seeds=FINAL_SEEDS, scales=MAGNITUDES, provider=provider
+    )
     if not strict:
         return report
     if not report.equivalent:
@@ -354,6 +360,7 @@ class OptimizeResult:
             "result_ort_level": result.ort_level,
             "threads": result.threads,
             "provider": result.provider,
+            "provider_options": self.settings.provider_options(),
             "steps": len(result.actions),
             "rules_applied": result.rules_applied,
             "wall_s": self.wall_s,
@@ -365,6 +372,7 @@ class OptimizeResult:
             "expansions": result.expansions,
             "evaluated": result.evaluated,
             "cost_model": result.cost_model,
+            "cost_table": result.cost_details,
             "original_cost": result.original_cost,
             "optimized_cost": result.cost,
             "original_nodes": len(self.original),
@@ -457,8 +465,16 @@ def optimize(
     graph = result.graph.with_metadata(
         deploy.metadata(provider, {node.domain for node in result.graph.nodes})
     )
-    handed = None if interface is None else hand_back(original, graph, interface, strict=strict)
-    report = handed.report if handed is not None else check_result(original, graph, strict=strict)
+    handed = (
+        None
+        if interface is None
+        else hand_back(original, graph, interface, strict=strict, provider=provider)
+    )
+    report = (
+        handed.report
+        if handed is not None
+        else check_result(original, graph, strict=strict, provider=provider)
+    )
     tuning = None
     if peer:
         if progress is not None:

@@ -214,7 +214,9 @@ def remote_measurers(env_kwargs: dict[str, Any], timer: Any) -> dict[str, Any]:
     from rlflow.envs.graph_rewrite import REWARD_MEASURE_S, measurement_settings
 
     settings = measurement_settings(
-        str(env_kwargs.get("ort_level", "all")), str(env_kwargs.get("deploy", "online"))
+        str(env_kwargs.get("ort_level", "all")),
+        str(env_kwargs.get("deploy", "online")),
+        str(env_kwargs.get("provider", "auto")),
     ).resolved()
     return {
         "runner": RemoteRunner(timer, settings, REWARD_MEASURE_S),

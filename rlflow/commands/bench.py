@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.commands.common import (
+    add_provider_argument,
+    check_cost_table,
     check_number,
     check_output_dir,
+    chosen_provider,
+    cost_type,
     model_label,
     model_path,
     print_json,
@@ -87,14 +91,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--budget", type=int, help="search expansions (default: the method's)")
     parser.add_argument(
         "--cost",
-        choices=COST_MODELS,
-        help="cost model ranking a search's graphs (default: perop offline, analytic online; "
-        "an agent: its env's reward source)",
+        type=cost_type(COST_MODELS),
+        metavar="COST",
+        help=f"cost model ranking a search's graphs: {', '.join(COST_MODELS)}, table:NAME or "
+        "table:PATH (default: perop offline, analytic online; an agent: its env's reward source)",
     )
     parser.add_argument("--episodes", type=int, help="agent rollouts per model (default 4)")
     parser.add_argument("--top-k", type=int, help="best graphs a method times at its end")
     parser.add_argument("--seed", type=int, help="random walks / agent rollouts (default 0)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default 1)")
+    add_provider_argument(parser)
     parser.add_argument(
         "--min-time",
         type=float,
@@ -166,6 +172,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     for key, minimum in (("budget", 1), ("episodes", 1), ("top_k", 1), ("threads", 1)):
         check_number(f"--{key.replace('_', '-')}", options[key], minimum)
     check_number("--min-time", options["min_time"], 0.0)
+    check_cost_table(options["cost"])
+    options["provider"] = chosen_provider(args.provider, "bench")
     options["methods"] = [Method.parse(method) for method in options["methods"]]
     labels = [method.label for method in options["methods"]]
     if len(set(labels)) != len(labels):
@@ -178,7 +186,9 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
 def _fingerprint(options: dict[str, Any]) -> dict[str, Any]:
     """What a finished cell depends on besides its (model, method, deploy mode)."""
     keys = ("size", "budget", "cost", "episodes", "top_k", "seed", "threads", "min_time", "start")
-    return {"version": RESULTS_VERSION, **{key: options[key] for key in keys}}
+    provider = options.get("provider", "cpu")
+    on = {} if provider == "cpu" else {"provider": provider}  # CPU results made before resume
+    return {"version": RESULTS_VERSION, **{key: options[key] for key in keys}, **on}
 
 
 def command_line(options: dict[str, Any], out: str | os.PathLike) -> str:
@@ -189,6 +199,8 @@ def command_line(options: dict[str, Any], out: str | os.PathLike) -> str:
     for key in ("budget", "cost", "episodes", "top_k", "seed", "threads", "min_time", "start"):
         if options[key] is not None and options[key] != DEFAULTS[key]:
             words += [f"--{key.replace('_', '-')}", str(options[key])]
+    if options.get("provider", "cpu") != "cpu":
+        words += ["--provider", options["provider"]]
     if not options["peer"]:
         words.append("--no-peer")
     return shlex.join([*words, "--out", str(out)])
@@ -298,7 +310,9 @@ def bench_model(
 
     size = options["size"]
     label = model_label(model, size)
-    settings = OrtSettings(threads=options["threads"]).resolved()
+    settings = OrtSettings(
+        threads=options["threads"], provider=options.get("provider", "auto")
+    ).resolved()
     runner = default_runner(settings, options["min_time"])
     search_options = SearchOptions(
         budget=options["budget"],

@@ -10,7 +10,12 @@ import argparse
 import time
 
 from rlflow.commands.backend import add_backend_arguments, check_backend
-from rlflow.commands.common import check_output_dir, print_json
+from rlflow.commands.common import (
+    check_cost_table,
+    check_output_dir,
+    cost_type,
+    print_json,
+)
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = [
@@ -48,8 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--cost",
-        choices=("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e"),
-        help="env reward cost",
+        type=cost_type(("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e")),
+        metavar="COST",
+        help="env reward cost: analytic, perop, e2e, e2e-sparse, perop-e2e or table:NAME|PATH "
+        "(a cost table's per-op times: rlflow costs collect)",
     )
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
@@ -67,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     check_output_dir("--out", args.out)  # before torch loads
+    check_cost_table(args.cost)  # a table that cannot be read: one line, before any work
     check_backend(args)
 
     from rlflow.worldmodel.collect import CollectSettings, collect

@@ -108,6 +108,64 @@ def model_label(spec: str, size: str) -> str:
     return f"{spec}:{size}" if zoo.zoo_name(spec) is not None else spec
 
 
+# ---- execution provider and cost ------------------------------------------------------------
+
+PROVIDER_CHOICES = ("cuda", "cpu")
+COST_TABLE_PREFIX = "table:"
+
+
+def add_provider_argument(parser: argparse.ArgumentParser) -> None:
+    """`--provider cuda|cpu` of every command that measures in onnxruntime."""
+    parser.add_argument(
+        "--provider",
+        choices=PROVIDER_CHOICES,
+        help="onnxruntime execution provider to measure on (default: cuda where onnxruntime "
+        "lists CUDAExecutionProvider, else cpu)",
+    )
+
+
+def chosen_provider(flag: str | None, command: str) -> str:
+    """The provider a command measures on: the flag's, else onnxruntime's best here. A default
+    that lands on CUDA is said on stderr (timings on the GPU are not the CPU's); `--provider
+    cuda` where onnxruntime has no CUDA provider is a one-line error."""
+    from rlflow.cost.session import OrtSettings, default_provider
+
+    if flag is not None:
+        return OrtSettings(provider=flag).resolved().provider
+    provider = default_provider()
+    if provider == "cuda":
+        print(
+            f"rlflow {command}: measuring on cuda (onnxruntime lists CUDAExecutionProvider; "
+            "--provider cpu for the CPU)",
+            file=sys.stderr,
+        )
+    return provider
+
+
+def cost_type(names: tuple[str, ...]) -> Any:
+    """An argparse type for `--cost`: one of `names`, or table:NAME (a table shipped with
+    rlflow, `rlflow costs list`) or table:PATH (a table written by `rlflow costs collect`)."""
+
+    def parse(text: str) -> str:
+        if text in names:
+            return text
+        if text.startswith(COST_TABLE_PREFIX) and text[len(COST_TABLE_PREFIX) :]:
+            return text
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(names)}, table:NAME, table:PATH)"
+        )
+
+    return parse
+
+
+def check_cost_table(cost: str | None) -> None:
+    """RlflowError now, before any work, if `cost` names a table that cannot be read."""
+    if cost is not None and cost.startswith(COST_TABLE_PREFIX):
+        from rlflow.cost.table import load_table
+
+        load_table(cost[len(COST_TABLE_PREFIX) :])
+
+
 # ---- checks before any work ------------------------------------------------------------------
 
 

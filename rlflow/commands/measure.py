@@ -10,7 +10,9 @@ import argparse
 
 from rlflow.commands.common import (
     add_model_arguments,
+    add_provider_argument,
     check_number,
+    chosen_provider,
     model_label,
     print_json,
     resolve_model,
@@ -38,12 +40,14 @@ def add_ort_arguments(parser: argparse.ArgumentParser) -> None:
         help="onnxruntime's own graph optimisation level for a model that declares none in its "
         "ort_config (default all: onnxruntime's default)",
     )
+    add_provider_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     check_number("--runs", args.runs, 1)
     check_number("--threads", args.threads, 1)
-    settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
+    provider = chosen_provider(args.provider, "measure")
+    settings = OrtSettings(threads=args.threads, ort_level=args.ort_level, provider=provider)
     runner = Runner(settings, runs=args.runs)
     models = [resolve_model(args.model, args.size, args.input_shape)]
     labels = [model_label(args.model, args.size)]
@@ -66,10 +70,11 @@ def run(args: argparse.Namespace) -> int:
         "threads": settings.threads,
         "ort_level": comparison.measurements[0].ort_level,
         "provider": settings.provider,
+        "provider_options": settings.provider_options(),
     }
     if args.vs:
         other = comparison.measurements[1]
-        report = check_equivalence(models[0], models[1])
+        report = check_equivalence(models[0], models[1], provider=settings.provider)
         result.update(
             vs=labels[1],
             vs_min_ms=other.min_ms,

@@ -14,7 +14,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rlflow.commands.common import add_model_arguments, check_number, check_output_file
+from rlflow.commands.common import (
+    add_model_arguments,
+    check_number,
+    check_output_file,
+    cost_type,
+)
 from rlflow.cost.deploy import DEPLOY_MODES
 from rlflow.errors import RlflowError
 from rlflow.optimize import DEFAULT_METHOD, SEARCH_METHODS, Method, SearchOptions
@@ -66,10 +71,12 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cost",
-        choices=COST_MODELS,
-        help="cost model ranking the graphs found (default for a search: perop offline, where "
-        "each operator runs as written, analytic online; an agent: its env's reward source; "
-        "e2e: small budgets only)",
+        type=cost_type(COST_MODELS),
+        metavar="COST",
+        help=f"cost model ranking the graphs found: {', '.join(COST_MODELS)}, table:NAME (a "
+        "table shipped with rlflow, `rlflow costs list`) or table:PATH (`rlflow costs collect`) "
+        "(default for a search: perop offline, where each operator runs as written, analytic "
+        "online; an agent: its env's reward source; e2e: small budgets only)",
     )
     parser.add_argument(
         "--alpha",
@@ -145,7 +152,14 @@ def optimize_to_file(
     `chosen` (how the method was chosen) is announced on stderr once the model has loaded."""
     from tqdm import tqdm
 
-    from rlflow.commands.common import model_label, model_path, parse_input_shapes, print_json
+    from rlflow.commands.common import (
+        check_cost_table,
+        chosen_provider,
+        model_label,
+        model_path,
+        parse_input_shapes,
+        print_json,
+    )
     from rlflow.cost import Deployment, OrtSettings
     from rlflow.optimize import expansion_total, optimize
     from rlflow.search import default_runner
@@ -157,6 +171,7 @@ def optimize_to_file(
         raise RlflowError(f"--exploration must be at most 1, got {args.exploration}")
     check_number("--min-time", args.min_time, 0.0)
     check_number("--threads", args.threads, 1)
+    check_cost_table(args.cost)
     options = SearchOptions(
         budget=args.budget,
         cost=args.cost,
@@ -180,7 +195,11 @@ def optimize_to_file(
         fold_initializer_inputs=args.fold_initializer_inputs,
     )
     label = model_label(args.model, args.size)
-    settings = OrtSettings(threads=args.threads, ort_level=args.ort_level).resolved()
+    settings = OrtSettings(
+        threads=args.threads,
+        ort_level=args.ort_level,
+        provider=chosen_provider(args.provider, args.command),
+    ).resolved()
     if chosen is not None:
         print(f"rlflow optimize: {label} with {chosen}", file=sys.stderr)
     total = expansion_total(method, args.budget)
@@ -205,6 +224,8 @@ def optimize_to_file(
             interface=interface,
         )
     result.write(args.output)
+    if result.result.cost_details is not None:
+        print(table_line(result.result.cost_details), file=sys.stderr)
     summary = result.summary(
         output=str(args.output),
         budget=total,
@@ -221,6 +242,30 @@ def optimize_to_file(
     else:
         print_summary(summary)
     return 0
+
+
+def table_line(details: Mapping[str, Any]) -> str:
+    """One line on a cost table's use: where it was measured, and how much of the cost of the
+    graphs ranked came from operators it lacks (estimated by its fitted roofline)."""
+    roofline = details["roofline"]
+    peaks = ", ".join(
+        text
+        for text in (
+            f"{roofline['gflops']:.4g} GFLOP/s" if roofline["gflops"] else "",
+            f"{roofline['gbps']:.4g} GB/s" if roofline["gbps"] else "",
+        )
+        if text
+    )
+    missed = ", ".join(f"{op} x{count}" for op, count in list(details["missed_ops"].items())[:5])
+    return (
+        f"cost table {details['table']} ({details['provider']} on {details['device']}, "
+        f"{details['entries']} operators): {100 * details['miss_share']:.1f}% of the cost of "
+        f"{details['graphs_costed']} graphs came from operators missing in it"
+        + (f" ({missed})" if missed else "")
+        + f", estimated by its fitted roofline (launch {1e3 * roofline['launch_ms']:.3g} us"
+        + (f", {peaks}" if peaks else "")
+        + ")"
+    )
 
 
 def _how_measured(summary: Mapping[str, Any]) -> str:

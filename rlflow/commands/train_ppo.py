@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.commands.backend import add_backend_arguments, check_backend
-from rlflow.commands.common import check_output_dir, print_json
+from rlflow.commands.common import (
+    check_cost_table,
+    check_output_dir,
+    cost_type,
+    print_json,
+)
 from rlflow.errors import RlflowError
 
 
@@ -38,9 +43,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--size", choices=("small", "medium", "full"), help="zoo model size")
     parser.add_argument(
         "--cost",
-        choices=("perop-e2e", "perop", "analytic", "e2e", "e2e-sparse"),
+        type=cost_type(("perop-e2e", "perop", "analytic", "e2e", "e2e-sparse")),
+        metavar="COST",
         help="reward cost: perop-e2e (default: the per-op measured cost, an end-to-end check "
-        "every --measure-every steps), or an ablation such as analytic",
+        "every --measure-every steps), an ablation such as analytic, or table:NAME|PATH (a "
+        "cost table's per-op times, e.g. a GPU's: rlflow costs collect)",
     )
     parser.add_argument(
         "--measure-every", type=int, metavar="N", help="steps between end-to-end checks (10)"
@@ -162,6 +169,7 @@ importing torch, so that the quick errors stay quick."""
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_output_dir("--out", out)
+    check_cost_table(args.cost)  # a table that cannot be read: one line, before any work
     check_backend(args)
     for name in ("num_envs", "num_steps", "measure_every"):
         value = getattr(args, name)

@@ -91,6 +91,8 @@ class EquivalenceChecker:
         domains: integer input domains to use instead of those read off the reference.
         ort_level: ORT optimisation level for both graphs (default disable, see above).
         threads: intra-op threads; 1 keeps onnxruntime's results deterministic.
+        provider: auto (CUDA where onnxruntime has it), cpu or cuda; both graphs run on it,
+            with TF32 off on CUDA (`OrtSettings.tf32`), so fp32 tolerances hold there too.
         tolerances: per ONNX element type, overriding DEFAULT_TOLERANCES.
         match_output_names: outputs must also keep their names (deployed code fetches
             outputs by name); positions, dtypes and shapes must always match.
@@ -111,12 +113,13 @@ class EquivalenceChecker:
         threads: int = 1,
         tolerances: Mapping[int, Tolerance] | None = None,
         match_output_names: bool = True,
+        provider: str = "auto",
     ) -> None:
         if not seeds or not scales or any(not scale > 0 for scale in scales):
             raise RlflowError("equivalence checking needs a seed and positive float scales")
         self.sets = [(seed, float(scale)) for scale in scales for seed in seeds]
         self.unit_sets = any(scale == 1.0 for _, scale in self.sets)
-        self.settings = OrtSettings(threads=threads, ort_level=ort_level)
+        self.settings = OrtSettings(threads=threads, ort_level=ort_level, provider=provider)
         self.tolerances = {**DEFAULT_TOLERANCES, **(tolerances or {})}
         self.match_output_names = match_output_names
         self.input_shapes = dict(input_shapes or {})
@@ -259,6 +262,7 @@ def check_equivalence(
     threads: int = 1,
     tolerances: Mapping[int, Tolerance] | None = None,
     match_output_names: bool = True,
+    provider: str = "auto",
 ) -> EquivalenceReport:
     """One-off check of `candidate` against `reference` (see EquivalenceChecker)."""
     checker = EquivalenceChecker(
@@ -271,6 +275,7 @@ def check_equivalence(
         threads=threads,
         tolerances=tolerances,
         match_output_names=match_output_names,
+        provider=provider,
     )
     return checker.check(candidate)
 

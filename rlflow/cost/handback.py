@@ -84,17 +84,22 @@ class HandedBack:
 
 
 def hand_back(
-    original: Graph, graph: Graph, interface: Interface, *, strict: bool = True
+    original: Graph,
+    graph: Graph,
+    interface: Interface,
+    *,
+    strict: bool = True,
+    provider: str = "auto",
 ) -> HandedBack:
     """`graph` (optimised from `original`, loaded with `interface`) as the model to write,
-    checked against the original file; RlflowError if it is not equivalent at the loaded
-    shapes (unless not `strict`: the failing report is returned)."""
+    checked against the original file on `provider`; RlflowError if it is not equivalent at
+    the loaded shapes (unless not `strict`: the failing report is returned)."""
     reference = interface.original()
     domains = {spec.name: spec.domain for spec in ModelSource(original).inputs if spec.domain}
     model = interface.restore(graph.to_onnx(), interface.symbols)
     domains_at = _domains_at(reference, domains)
     sizes = {
-        symbol: check_size(reference, model, interface, symbol, domains_at)
+        symbol: check_size(reference, model, interface, symbol, domains_at, provider)
         for symbol in interface.symbols
     }
     general = [symbol for symbol, check in sizes.items() if check.general]
@@ -107,6 +112,7 @@ def hand_back(
         scales=MAGNITUDES,
         input_shapes=interface.input_shapes({}),
         domains=domains,
+        provider=provider,
     )
     if strict and not report.equivalent:
         raise RlflowError(
@@ -122,8 +128,9 @@ def check_size(
     interface: Interface,
     symbol: str,
     domains_at: Callable[[Shapes], Mapping[str, InputDomain]],
+    provider: str = "auto",
 ) -> SizeCheck:
-    """Does `model` match `reference` at other sizes of dynamic dim `symbol`?"""
+    """Does `model` match `reference` at other sizes of dynamic dim `symbol` (on `provider`)?"""
     given = interface.symbols[symbol]
     checked: list[int] = []
     refused: list[str] = []
@@ -131,7 +138,11 @@ def check_size(
         shapes = interface.input_shapes({symbol: size})
         try:
             checker = EquivalenceChecker(
-                reference, seeds=FINAL_SEEDS[:1], input_shapes=shapes, domains=domains_at(shapes)
+                reference,
+                seeds=FINAL_SEEDS[:1],
+                input_shapes=shapes,
+                domains=domains_at(shapes),
+                provider=provider,
             )
         except RlflowError:  # the original itself does not run at this size
             refused.append(str(size))

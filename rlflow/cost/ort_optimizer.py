@@ -58,9 +58,9 @@ def _session_options(settings: OrtSettings, log: bool) -> ort.SessionOptions:
 
 def _build(model_bytes: bytes, settings: OrtSettings, options: ort.SessionOptions) -> None:
     settings = settings.resolved()
-    providers = [PROVIDERS[settings.provider]]
-    if settings.provider != "cpu":
-        providers.append(PROVIDERS["cpu"])
+    providers: list = [PROVIDERS["cpu"]]
+    if settings.provider != "cpu":  # its options too: some decide layouts (prefer_nhwc)
+        providers.insert(0, (PROVIDERS[settings.provider], settings.provider_options()))
     try:
         ort.InferenceSession(
             model_bytes, options, providers=providers, disabled_optimizers=list(settings.disabled)

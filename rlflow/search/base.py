@@ -15,7 +15,7 @@ import heapq
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rlflow.cost import OrtSettings, Runner
 from rlflow.graph import Graph
@@ -99,6 +99,9 @@ class SearchResult:
     finalists: list[Finalist] = field(default_factory=list)
     confirmed: bool | None = None
     """None: the original won the selection run; else whether the confirmation run agreed."""
+    cost_details: dict[str, Any] | None = None
+    """What the cost model reports beyond its name (a cost table: its device and the share of
+    the cost its fitted roofline estimated); None for the plain models."""
 
     @property
     def actions(self) -> list[Action]:
@@ -238,4 +241,5 @@ def finish(
         provider=measurement.provider,
         finalists=finalists,
         confirmed=confirmed,
+        cost_details=cost.details(),
     )

@@ -1,10 +1,13 @@
-"""The cost a search minimises: analytic, per-op measured or end-to-end measured, by graph hash.
+"""The cost a search minimises: analytic, per-op measured, end-to-end measured or a cost table's,
+by graph hash.
 
 A search asks for the cost of the same graph many times (TASO re-derives a graph by several
 paths; random walks revisit), so every cost is computed once per canonical hash. The three
 models trade fidelity for speed: `analytic` is a roofline sum (microseconds per graph),
 `perop` times each distinct operator once in onnxruntime (cached on disk), `e2e` times every
-graph end to end (seconds per graph: only for small budgets).
+graph end to end (seconds per graph: only for small budgets). `table:NAME` or `table:PATH`
+sums per-op times measured once on another device (`rlflow.cost.table`: a GPU's, on any
+machine), and reports how much of the cost its fitted roofline had to estimate.
 
 In offline mode (`settings.ort_level` "disable", what `rlflow.optimize` passes) graphs run as
 written, so each operator runs as it is timed alone and the per-op sum tracks latency; `perop`
@@ -15,12 +18,16 @@ onnxruntime's optimiser) at that level, whatever `settings` say.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rlflow.cost import AnalyticCostModel, OrtSettings, PerOpCostModel, Runner
+from rlflow.cost.table import TableCostModel
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
 
 COST_MODELS: tuple[str, ...] = ("analytic", "perop", "e2e")
+TABLE_PREFIX = "table:"
+"""`table:NAME` (shipped with rlflow) or `table:PATH`: a cost table's cost (see above)."""
 
 
 class SearchCost:
@@ -31,12 +38,21 @@ class SearchCost:
         cost_ms: the underlying function (graph -> estimated or measured ms).
         settings: the onnxruntime settings the cost stands for; the final end-to-end
             measurement of a search uses the same ones.
+        details: what results report about the cost model beyond its name (a table's
+            device and miss share); None: nothing.
     """
 
-    def __init__(self, name: str, cost_ms: Callable[[Graph], float], settings: OrtSettings):
+    def __init__(
+        self,
+        name: str,
+        cost_ms: Callable[[Graph], float],
+        settings: OrtSettings,
+        details: Callable[[], dict[str, Any]] | None = None,
+    ):
         self.name = name
         self.settings = settings
         self._cost_ms = cost_ms
+        self._details = details
         self._by_hash: dict[str, float] = {}
         self._asked: set[str] = set()
         self.calls = 0
@@ -62,14 +78,21 @@ class SearchCost:
             self._by_hash[digest] = cost
         return cost
 
+    def details(self) -> dict[str, Any] | None:
+        """What results report about the cost model now (None for the plain models)."""
+        return self._details() if self._details is not None else None
+
     def __repr__(self) -> str:
         return f"SearchCost({self.name!r}, {self.evaluations} graphs costed)"
 
 
 def make_cost(name: str = "analytic", settings: OrtSettings | None = None) -> SearchCost:
     """The named cost model under `settings` (default: 1 thread, ORT level all; "disable" for
-    offline mode)."""
+    offline mode); `table:NAME|PATH` ignores them: its times were taken where it was made."""
     settings = (settings or OrtSettings()).resolved()
+    if name.startswith(TABLE_PREFIX):
+        table = TableCostModel(name[len(TABLE_PREFIX) :])
+        return SearchCost(name, table.cost_ms, settings, details=table.usage)
     if name == "analytic":
         model = AnalyticCostModel(settings=settings)
         return SearchCost(name, model.cost_ms, settings)
@@ -92,4 +115,7 @@ def make_cost(name: str = "analytic", settings: OrtSettings | None = None) -> Se
             return runner.measure(graph, use_cache=False).low_ms
 
         return SearchCost(name, e2e_ms, settings)
-    raise RlflowError(f"unknown cost model {name!r}; choose one of {', '.join(COST_MODELS)}")
+    raise RlflowError(
+        f"unknown cost model {name!r}; choose one of {', '.join(COST_MODELS)}, table:NAME or "
+        "table:PATH"
+    )

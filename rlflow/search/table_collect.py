@@ -18,6 +18,7 @@ the same settings resumes after them.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -130,10 +131,31 @@ def collect_table(
     table.meta.update({key: value for key, value in wanted.items() if key not in FINGERPRINT})
     table.meta["models"] = list(dict.fromkeys([*table.meta.get("models", []), *dict(models)]))
     table.meta["complete"] = False
-    recorder = TableRecorder(table, perop)
     rules = ruleset if ruleset is not None else default_ruleset()
+    try:
+        recorder = TableRecorder(table, perop)
+        run = (settings, deploy, steps, seed, rules)
+        _collect_models(table, recorder, models, out, run, progress)
+    finally:
+        perop.close()
+    table.meta["complete"] = set(table.meta["models"]) <= set(table.meta["models_done"])
+    table.save(out)
+    return table
+
+
+def _collect_models(
+    table: CostTable,
+    recorder: TableRecorder,
+    models: Sequence[tuple[str, Graph]],
+    out: str | Path,
+    run: tuple[OrtSettings, Deployment, int, int, RuleSet],
+    progress: Progress,
+) -> None:
+    """The rollouts of each model not done yet (`run`: settings, deployment, steps, seed,
+    rules); the table is saved after each."""
+    settings, deploy, steps, seed, rules = run
     done = set(table.meta["models_done"])
-    for index, (label, original) in enumerate(models):
+    for label, original in models:
         if label in done:
             progress.update(rollout_steps(deploy, steps))
             continue
@@ -146,7 +168,8 @@ def collect_table(
             # ORT's `all` graph equal to the original is listed under the original's name.
             starts.append(states.get("ort:all", original))
         for number, start in enumerate(starts):
-            rng = np.random.default_rng([seed, index, number])
+            # Seeded by the model's name, not its place: a resumed run walks the same way.
+            rng = np.random.default_rng([seed, zlib.crc32(label.encode()), number])
             _random_walk(recorder, RewriteSession(start, rules, model=label), steps, rng, progress)
             _greedy(recorder, RewriteSession(start, rules, model=label), steps, progress)
         table.meta["models_done"] = [*table.meta["models_done"], label]
@@ -154,10 +177,6 @@ def collect_table(
         table.meta["complete"] = len(table.meta["models_done"]) >= len(table.meta["models"])
         table.save(out)
         progress.set_postfix_str(f"{label} done, {len(table.entries)} operators", refresh=True)
-    table.meta["complete"] = True
-    table.save(out)
-    perop.close()
-    return table
 
 
 def rollout_steps(deploy: Deployment, steps: int) -> int:

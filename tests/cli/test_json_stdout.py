@@ -43,6 +43,11 @@ COMMANDS = {
         "collect", "--model", "squeezenet-1.1", "--episodes", "1", "--out", "{tmp}/data",
         "--config", "{config}", "--quiet",
     ],
+    "costs collect": [
+        "costs", "collect", "--provider", "cpu", "--models", "{model}", "--steps", "1",
+        "--out", "{tmp}/table.json",
+    ],
+    "costs list": ["costs", "list"],
     "train-ppo": [
         "train-ppo", "--model", "resnet-18", "--max-candidates", "4", "--horizon", "3",
         "--total-steps", "3", "--no-progress", "--out", "{tmp}/ppo",

@@ -1,0 +1,114 @@
+"""`rlflow costs collect` on a small zoo model on CPU, the table read back, `--cost table:PATH`
+through `rlflow search` end to end, `rlflow costs list`, and the one-line errors of
+`--provider` and `--cost` (the CUDA path itself: tests/cost/test_cuda.py, marked gpu)."""
+
+from __future__ import annotations
+
+import json
+
+import onnxruntime as ort
+import pytest
+
+from rlflow.cli import main
+from rlflow.cost.table import TableCostModel, load_table
+from rlflow.graph import load_model
+from rlflow.zoo import cached_path
+
+MODEL = "squeezenet-1.1"
+
+
+@pytest.fixture(scope="module")
+def table_path(tmp_path_factory):
+    """A table collected on CPU by the command, once for the module."""
+    path = tmp_path_factory.mktemp("costs") / "squeezenet.json"
+    argv = ["costs", "collect", "--provider", "cpu", "--models", MODEL, "--size", "small"]
+    assert main([*argv, "--steps", "2", "--out", str(path)]) == 0
+    return path
+
+
+def test_collect_writes_a_table_that_costs_the_model_without_a_miss(table_path):
+    table = load_table(str(table_path))
+    meta = table.meta
+    assert meta["provider"] == "cpu" and meta["device"] and meta["onnxruntime"]
+    assert meta["models"] == [f"{MODEL}:small"] and meta["complete"] and table.entries
+    assert meta["command"].startswith("rlflow costs collect --provider cpu")
+    graph = load_model(cached_path(MODEL, "small"))
+    report = TableCostModel(table).report(graph)
+    assert report.misses == 0 and report.hits > 0
+    keys = [table.key(graph, node, "disable") for node in graph.nodes]  # a signature per node
+    assert report.total_ms == pytest.approx(
+        table.overhead_ms + sum(table.entries[key].ms for key in keys if key in table.entries)
+    )
+
+
+def test_search_ranks_by_a_table_end_to_end(capfd, tmp_path, table_path):
+    out = tmp_path / "s.onnx"
+    argv = ["search", MODEL, "--method", "greedy", "--budget", "2", "--start", "original"]
+    argv += ["--cost", f"table:{table_path}", "-o", str(out), "--min-time", "0.05", "--no-peer"]
+    code = main([*argv, "--json"])
+    stdout, err = capfd.readouterr()
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["cost_model"] == f"table:{table_path}"
+    details = summary["cost_table"]
+    assert details["provider"] == "cpu" and details["graphs_costed"] > 0
+    assert 0.0 <= details["miss_share"] < 1.0
+    assert "cost table" in err and "% of the cost of" in err
+    assert out.is_file() and summary["equivalent"]
+
+
+def test_costs_list(capfd):
+    assert main(["costs", "list", "--json"]) == 0
+    listing = json.loads(capfd.readouterr().out)
+    assert isinstance(listing["tables"], list)
+    for row in listing["tables"]:
+        assert row["operators"] > 0 and row["provider"] in ("cpu", "cuda")
+
+
+def test_a_missing_table_is_one_line_before_any_work(capfd, tmp_path):
+    out = tmp_path / "s.onnx"
+    code = main(["search", MODEL, "--method", "greedy", "--cost", "table:nonesuch", "-o", str(out)])
+    err = capfd.readouterr().err
+    assert code == 2 and "no cost table named 'nonesuch'" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_an_unknown_cost_is_refused_by_the_parser(capfd, tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        main(["search", MODEL, "--method", "greedy", "--cost", "bogus", "-o", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    assert "table:NAME" in capfd.readouterr().err
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is here")
+def test_provider_cuda_without_cuda_is_one_line(capfd, mlp_model, tmp_path):
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(mlp_model.SerializeToString())
+    code = main(["measure", str(path), "--provider", "cuda"])
+    err = capfd.readouterr().err
+    assert code == 2 and "no CUDAExecutionProvider" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_provider_cpu_is_recorded(capfd, mlp_model, tmp_path):
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(mlp_model.SerializeToString())
+    code = main(["measure", str(path), "--provider", "cpu", "--runs", "5", "--json"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["provider"] == "cpu" and result["provider_options"] == {}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["collect", "--model", MODEL, "--episodes", "1"],
+        ["train-ppo", "--model", MODEL, "--total-steps", "1"],
+    ],
+)
+def test_learners_take_a_table_cost_and_check_it_first(capfd, tmp_path, argv):
+    code = main([*argv, "--cost", "table:nonesuch", "--out", str(tmp_path / "run")])
+    err = capfd.readouterr().err
+    assert code == 2 and "no cost table named 'nonesuch'" in err
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,91 @@
+"""onnxruntime's CUDA execution provider through rlflow's measuring code: equivalence on the
+device, the Runner's synchronised timing (a model against itself is level), and a cost table
+collected on the GPU and read back. Marked gpu: deselected by default (`-m gpu` runs them) and
+skipped where onnxruntime has no CUDAExecutionProvider."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from rlflow.cost import (
+    Deployment,
+    OrtSettings,
+    PerOpCostModel,
+    Runner,
+    check_equivalence,
+    make_session,
+)
+from rlflow.cost.session import timed_run
+from rlflow.cost.table import TableCostModel, load_table
+from rlflow.graph import load_model
+from rlflow.search.table_collect import collect_table
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        "CUDAExecutionProvider" not in ort.get_available_providers(),
+        reason="onnxruntime here has no CUDAExecutionProvider",
+    ),
+]
+CUDA = OrtSettings(provider="cuda")
+
+
+def test_sessions_run_on_the_gpu_with_tf32_off(mlp_model):
+    session = make_session(mlp_model.SerializeToString(), CUDA)
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
+    assert session.get_provider_options()["CUDAExecutionProvider"]["use_tf32"] == "0"
+    run = timed_run(session, {"x": np.ones((2, 8), dtype=np.float32)})
+    assert all(run() > 0 for _ in range(3))
+
+
+def test_equivalence_on_cuda(linear_models):
+    reference = linear_models["matmul_add"]
+    report = check_equivalence(reference, linear_models["gemm"], provider="cuda")
+    assert report.equivalent, report.reason
+    assert not check_equivalence(reference, linear_models["no_bias"], provider="cuda").equivalent
+
+
+def test_cuda_agrees_with_the_cpu(mlp_model):
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+    on_cpu = make_session(mlp_model.SerializeToString(), OrtSettings(provider="cpu"))
+    on_gpu = make_session(mlp_model.SerializeToString(), CUDA)
+    np.testing.assert_allclose(
+        on_gpu.run(None, feeds)[0], on_cpu.run(None, feeds)[0], rtol=1e-4, atol=1e-4
+    )
+
+
+def test_runner_self_comparison_is_level(build):
+    """Without the wait for the device, a run's time would be its launch time, and the pairs of
+    a model against itself would straggle; synchronised, they are level."""
+    from onnx import TensorProto, helper
+
+    size = 1024
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    weights = {"w": np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)}
+    model = build(
+        [node],
+        [("x", TensorProto.FLOAT, [size, size])],
+        [("y", TensorProto.FLOAT, [size, size])],
+        weights,
+    )
+    runner = Runner(CUDA)
+    comparison = runner.compare([model, model], use_cache=False)
+    assert comparison.measurements[0].provider == "cuda"
+    assert comparison.ratios[1] == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_table_collected_on_cuda_round_trips(mlp_model, tmp_path):
+    graph = load_model(mlp_model)
+    out = tmp_path / "cuda.json"
+    table = collect_table(
+        [("mlp", graph)], out, settings=CUDA, deploy=Deployment("offline"), steps=1
+    )
+    loaded = load_table(str(out))
+    assert loaded.entries == table.entries and loaded.entries
+    assert loaded.meta["provider"] == "cuda" and loaded.meta["device"]
+    assert loaded.meta["provider_options"]["use_tf32"] == "0"
+    assert TableCostModel(loaded).report(graph).misses == 0
+    perop = PerOpCostModel(Deployment("offline").settings(CUDA))
+    assert TableCostModel(loaded).cost_ms(graph) == pytest.approx(perop.cost_ms(graph), rel=1e-4)
