@@ -26,6 +26,7 @@ COMMANDS = {
     "train-wm-loop": "train_wm_loop",
     "train-ppo": "train_ppo",
     "train-controller": "train_controller",
+    "train-regal": "train_regal",
     "train-advantage": "train_advantage",
     "optimize": "optimize",
     "bench": "bench",

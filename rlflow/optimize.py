@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlflow.advantage.spec import is_guided_spec, parse_guided
+from rlflow.agents.regal import is_regal_spec, parse_regal
 from rlflow.agents.spec import AgentSpec, is_agent_spec, parse_agent
 from rlflow.cost import Deployment, EquivalenceReport, OrtSettings, Runner, check_equivalence
 from rlflow.cost.equivalence import FINAL_SEEDS, MAGNITUDES
@@ -49,7 +50,7 @@ from rlflow.rewrite.session import RewriteSession
 from rlflow.search import Board, Progress, SearchResult, default_runner, finish, make_cost
 from rlflow.search.base import NO_PROGRESS
 
-SEARCH_METHODS = ("greedy", "taso", "random")
+SEARCH_METHODS = ("greedy", "taso", "random", "brkga")
 DEFAULT_METHOD = "taso"
 """What `rlflow optimize` uses without --method/--agent: it needs no trained run, and its
 backtracking gets past the local minima where greedy stops (docs/BENCHMARKS.md: at ORT level
@@ -75,23 +76,27 @@ class Method:
     """How a model is optimised: a search baseline by `name`, or a trained `agent`."""
 
     name: str
-    """greedy | taso | random | guided | agent."""
+    """greedy | taso | random | brkga | regal | guided | agent."""
     agent: AgentSpec | None = None
+    regal: Path | None = None
+    """regal: the `rlflow train-regal` run whose policy biases BRKGA."""
     guide: Path | None = None
     """guided: the `rlflow train-advantage` run whose model ranks the candidates."""
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`greedy`, `taso`, `random`, `guided:RUN_DIR` or `agent:RUN_DIR` (the run must
-        exist)."""
+        """`greedy`, `taso`, `random`, `brkga`, `regal:RUN_DIR`, `guided:RUN_DIR` or
+        `agent:RUN_DIR` (the run must exist)."""
         if is_agent_spec(text):
             return cls("agent", parse_agent(text))
+        if is_regal_spec(text):
+            return cls("regal", regal=parse_regal(text))
         if is_guided_spec(text):
             return cls("guided", guide=parse_guided(text))
         if text not in SEARCH_METHODS:
             raise RlflowError(
                 f"unknown method {text!r}; choose one of {', '.join(SEARCH_METHODS)}, "
-                "guided:RUN_DIR or agent:RUN_DIR"
+                "regal:RUN_DIR, guided:RUN_DIR or agent:RUN_DIR"
             )
         return cls(text)
 
@@ -102,12 +107,16 @@ class Method:
     @property
     def label(self) -> str:
         """A short name for tables: `taso`, or `agent:RUN_DIR_NAME`."""
+        if self.regal is not None:
+            return f"regal:{self.regal.name}"
         if self.guide is not None:
             return f"guided:{self.guide.name}"
         return self.agent.label if self.agent is not None else self.name
 
     def __str__(self) -> str:
         """The spelling that `parse` reads back."""
+        if self.regal is not None:
+            return f"regal:{self.regal}"
         if self.guide is not None:
             return f"guided:{self.guide}"
         return str(self.agent) if self.agent is not None else self.name
@@ -127,7 +136,7 @@ class SearchOptions:
     exploration: float = 0.1
     """guided: the chance an expansion takes a random frontier candidate, not the best."""
     seed: int = 0
-    """random: seed of the walks; agents: seed of the rollouts."""
+    """random: seed of the walks; brkga, regal: of the evolution; agents: of the rollouts."""
     top_k: int = 3
     """Best graphs timed against the original at the end."""
     portable: bool = False
@@ -150,7 +159,7 @@ class SearchOptions:
 def expansion_total(method: Method, budget: int | None) -> int | None:
     """The expansions a search will make (for a progress bar); None when unknown (greedy,
     agents)."""
-    from rlflow.search import guided, random_walk, taso
+    from rlflow.search import brkga, guided, random_walk, taso
 
     if method.is_agent:
         return None
@@ -159,6 +168,8 @@ def expansion_total(method: Method, budget: int | None) -> int | None:
     defaults = {
         "taso": taso.DEFAULT_BUDGET,
         "random": random_walk.DEFAULT_BUDGET,
+        "brkga": brkga.DEFAULT_BUDGET,
+        "regal": brkga.DEFAULT_BUDGET,
         "guided": guided.DEFAULT_BUDGET,
     }
     return defaults.get(method.name)
@@ -184,7 +195,7 @@ class Run:
 
 def run_search(name: str, start: Graph, run: Run, **extra: Any) -> SearchResult:
     """Run a search baseline from `start`; its result is measured but not yet checked.
-    `extra` are further keyword arguments of the method (e.g. guided's `advantage`)."""
+    `extra` are further keyword arguments of the method (e.g. brkga's `biases`)."""
     from rlflow.rewrite import default_ruleset
     from rlflow.search import search
 
@@ -203,9 +214,20 @@ def run_search(name: str, start: Graph, run: Run, **extra: Any) -> SearchResult:
         kwargs["budget"] = options.budget
     if name == "taso":
         kwargs["alpha"] = options.alpha
-    if name == "random":
+    if name in ("random", "brkga"):
         kwargs["seed"] = options.seed
     return search(name, session, cost, **kwargs, **extra)
+
+
+def run_regal(run_dir: Path, start: Graph, run: Run) -> SearchResult:
+    """BRKGA from `start`, its chromosome distribution biased by a trained REGAL policy
+    (`rlflow.agents.regal_policy`) with the BRKGA parameters it was trained with."""
+    from rlflow.agents.regal_policy import load_regal_policy
+
+    policy = load_regal_policy(run_dir)
+    return run_search(
+        "brkga", start, run, biases=policy.biases, config=policy.brkga_config, label="regal"
+    )
 
 
 def run_guided(run_dir: Path, start: Graph, run: Run) -> SearchResult:
@@ -267,9 +289,12 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
 
 
 def run_method(method: Method, start: Graph, run: Run) -> SearchResult:
-    """`run_agent` for an agent, else `run_search`: measured, not yet checked."""
+    """`run_agent` for an agent, `run_regal` for REGAL, else `run_search`: measured, not yet
+    checked."""
     if method.agent is not None:
         return run_agent(method.agent, start, run)
+    if method.regal is not None:
+        return run_regal(method.regal, start, run)
     if method.guide is not None:
         return run_guided(method.guide, start, run)
     return run_search(method.name, start, run)

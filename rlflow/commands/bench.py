@@ -68,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--methods",
         nargs="+",
         metavar="METHOD",
-        help="greedy, taso, random, guided:RUN_DIR, agent:RUN_DIR",
+        help="greedy, taso, random, brkga, regal:RUN_DIR, guided:RUN_DIR, agent:RUN_DIR",
     )
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
     parser.add_argument(
@@ -235,9 +235,18 @@ def _still_valid(cell: dict[str, Any], method: Method, out: Path) -> bool:
     if method.agent is not None:
         if real_env_steps(read_progress(method.agent.run_dir)) != cell.get("env_steps"):
             return False
+    if method.regal is not None and _regal_runs(method.regal) != cell.get("regal_runs"):
+        return False
     if method.guide is not None and run_digest(method.guide) != cell.get("guide_digest"):
         return False
     return not cell["equivalent"] or (out / cell["graph_file"]).is_file()
+
+
+def _regal_runs(run_dir: Path) -> int | None:
+    """The runs a REGAL run has trained: a cell of it is redone once it has trained further."""
+    from rlflow.cost.cache import read_json
+
+    return read_json(run_dir / "progress.json").get("runs_done")
 
 
 def _slug(text: str) -> str:
@@ -393,6 +402,7 @@ def bench_model(
                 "expansions": search.expansions,
                 "evaluated": search.evaluated,
                 "env_steps": env_steps,
+                "regal_runs": _regal_runs(method.regal) if method.regal is not None else None,
                 "guide_digest": run_digest(method.guide) if method.guide is not None else None,
                 "rules_applied": search.rules_applied,
                 "fusions": result.fusions,

@@ -25,6 +25,8 @@ from rlflow.errors import RlflowError
 from rlflow.optimize import DEFAULT_METHOD, SEARCH_METHODS, Method, SearchOptions
 from rlflow.search import COST_MODELS
 
+SEEDED = ("random", "brkga", "regal", "guided")
+"""The search methods that --seed seeds."""
 SAME_WITHIN = 0.02
 """Speedups this close (relative) are reported as the same: the Runner times each ratio until
 its 95% interval is within 2%."""
@@ -39,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     how.add_argument(
         "--method",
         metavar="METHOD",
-        help=f"search: {', '.join(SEARCH_METHODS)} or guided:RUN_DIR (default {DEFAULT_METHOD})",
+        help=f"search: {', '.join(SEARCH_METHODS)}, regal:RUN_DIR or guided:RUN_DIR "
+        f"(default {DEFAULT_METHOD})",
     )
     how.add_argument(
         "--agent", metavar="RUN_DIR", help="a trained run: train-ppo or train-controller RUN_DIR"
@@ -67,7 +70,8 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget",
         type=int,
-        help="search expansions (default: greedy to its local minimum, taso 1000, random 300)",
+        help="search expansions (default: greedy to its local minimum, taso 1000, random 300; "
+        "brkga and regal: 300 chromosome evaluations)",
     )
     parser.add_argument(
         "--cost",
@@ -97,7 +101,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--episodes", type=int, default=4, help="agent: rollouts on the model (default 4)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="random walks / agent rollouts")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="random walks, brkga, regal / agent rollouts"
+    )
     parser.add_argument(
         "--top-k", type=int, default=3, help="best graphs timed against the original at the end"
     )
@@ -231,7 +237,7 @@ def optimize_to_file(
         budget=total,
         alpha=args.alpha if method.name in ("taso", "guided") else None,
         exploration=args.exploration if method.name == "guided" else None,
-        seed=args.seed if method.name in ("random", "guided") or method.is_agent else None,
+        seed=args.seed if method.name in SEEDED or method.is_agent else None,
         portable=None if method.is_agent else args.portable,
         episodes=args.episodes if method.is_agent else None,
         min_time_s=args.min_time,

@@ -1,4 +1,5 @@
-"""`rlflow search MODEL --method greedy|taso|random -o OUT`: optimise a model by search.
+"""`rlflow search MODEL --method greedy|taso|random|brkga|regal:RUN_DIR -o OUT`: optimise a
+model by search.
 
 The search ranks graphs with a cost model, then times its best few against the original in
 one interleaved run; OUT is written only once the chosen graph has passed the equivalence
@@ -22,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--method",
         required=True,
         metavar="METHOD",
-        help=f"search method: {', '.join(SEARCH_METHODS)} or guided:RUN_DIR",
+        help=f"search method: {', '.join(SEARCH_METHODS)}, regal:RUN_DIR or guided:RUN_DIR",
     )
     add_method_arguments(parser)
     parser.set_defaults(run=run)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rlflow.errors import RlflowError
 from rlflow.rewrite.session import RewriteSession
-from rlflow.search import greedy, guided, random_walk, taso
+from rlflow.search import brkga, greedy, guided, random_walk, taso
 from rlflow.search.base import (
     DEFAULT_TOP_K,
     Board,
@@ -31,6 +31,7 @@ METHODS: dict[str, Callable[..., SearchResult]] = {
     "taso": taso.search,
     "random": random_walk.search,
     "guided": guided.search,
+    "brkga": brkga.search,
 }
 
 

@@ -9,6 +9,7 @@ from rlflow.cost import AnalyticCostModel, check_equivalence
 from rlflow.errors import RlflowError
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search import METHODS, make_cost, search
+from rlflow.search.brkga import BrkgaConfig
 from rlflow.zoo import MODEL_NAMES
 from tests.search.conftest import CostRunner
 
@@ -29,6 +30,7 @@ OPTIONS = {
     "taso": {"budget": 15},
     "random": {"budget": 15, "walk_length": 8, "seed": 3},
     "guided": {"budget": 15, "seed": 3, "advantage": analytic_advantage},
+    "brkga": {"budget": 10, "seed": 3, "config": BrkgaConfig(population=5, max_steps=6)},
 }
 HEAVY = {"inception-v3": 5}
 
