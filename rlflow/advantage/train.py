@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ class AdvantageSettings:
     batch: int = 64  # examples per minibatch
     lr: float = 0.001  # Adam learning rate
     holdout: float = 0.1  # fraction of episodes held out for the reported error
+    holdout_models: list[str] = field(default_factory=list)  # else: hold out these models
     clip: float = 100.0  # targets clipped to +-clip percent of the current cost
     seed: int = 0  # split, initialisation and minibatch order
 
@@ -240,6 +241,24 @@ def held_out_error(
     }
 
 
+def held_out_episodes(data: RolloutData, settings: AdvantageSettings) -> np.ndarray:
+    """The episodes whose examples measure the reported error: those of `holdout_models` when
+    given (graphs the network never trains on, the question a guided search on an unseen model
+    asks), else a seeded `holdout` fraction of all episodes. RlflowError for a model the data
+    does not hold."""
+    if not settings.holdout_models:
+        return data.episodes_split(settings.holdout, settings.seed)[1]
+    models = [str(model) for model in data.manifest["settings"]["models"]]
+    unknown = [model for model in settings.holdout_models if model not in models]
+    if unknown:
+        raise RlflowError(
+            f"--holdout-models {' '.join(unknown)}: not among the data's models "
+            f"({', '.join(models)})"
+        )
+    held = [models.index(model) for model in settings.holdout_models]
+    return np.flatnonzero(np.isin(data.arrays["episode_model"], held))
+
+
 def train_advantage(
     data: RolloutData,
     found: Examples,
@@ -269,7 +288,7 @@ def train_advantage(
         epoch = int(resumed["epoch"])
         torch.set_rng_state(resumed["torch_rng"])
 
-    train_episodes, val_episodes = data.episodes_split(settings.holdout, settings.seed)
+    val_episodes = held_out_episodes(data, settings)
     in_val = np.isin(found.episodes, val_episodes)
     train_index, val_index = np.flatnonzero(~in_val), np.flatnonzero(in_val)
     if train_index.size == 0:
@@ -345,6 +364,7 @@ def train_advantage(
         "examples": int(found.targets.size),
         "train_examples": int(train_index.size),
         "held_out": held,
+        "held_out_models": list(settings.holdout_models),
         "cost": data.manifest["env"].get("cost"),
         "resumed": resumed is not None,
     }
@@ -355,6 +375,7 @@ __all__ = [
     "AdvantageSettings",
     "Examples",
     "examples",
+    "held_out_episodes",
     "held_out_error",
     "load_checkpoint",
     "make_model",

@@ -21,7 +21,19 @@ from rlflow.commands.common import (
     stderr,
 )
 
-FLAGS = ["hops", "hidden", "layers", "heads", "epochs", "batch", "lr", "holdout", "clip", "seed"]
+FLAGS = [
+    "hops",
+    "hidden",
+    "layers",
+    "heads",
+    "epochs",
+    "batch",
+    "lr",
+    "holdout",
+    "holdout_models",
+    "clip",
+    "seed",
+]
 CONFIG_SECTION = "train_advantage"
 
 
@@ -45,6 +57,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=int, help="examples per minibatch (64)")
     parser.add_argument("--lr", type=float, help="Adam learning rate (0.001)")
     parser.add_argument("--holdout", type=float, help="fraction of episodes held out (0.1)")
+    parser.add_argument(
+        "--holdout-models",
+        nargs="+",
+        metavar="MODEL",
+        help="hold out these models' episodes instead: the error on graphs never trained on",
+    )
     parser.add_argument("--clip", type=float, help="targets clipped to +-clip percent (100)")
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument("--config", metavar="FILE", help="YAML config (configs/advantage.yaml)")
@@ -74,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from rlflow.advantage.train import (
         AdvantageSettings,
         examples,
+        held_out_episodes,
         prepare_run,
         train_advantage,
     )
@@ -84,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     set_torch_threads(args.threads)
     data = RolloutData.load(args.data)
     found = examples(data, settings, args.data)  # every shard read: still nothing written
+    held_out_episodes(data, settings)  # a model the data lacks fails here, before RUN_DIR
     out = Path(args.out)
     run_config = {
         "data": str(Path(args.data).resolve()),
@@ -106,8 +126,10 @@ def run(args: argparse.Namespace) -> int:
         print("held out: nothing (fewer than two episodes)")
     else:
         spearman = "n/a" if held["spearman"] is None else f"{held['spearman']:.3f}"
+        models = summary["held_out_models"]
+        which = f"{', '.join(models)}: " if models else ""
         print(
-            f"held out ({held['examples']} candidates): mean abs error {held['mae']:.3f} "
+            f"held out ({which}{held['examples']} candidates): mean abs error {held['mae']:.3f} "
             f"percentage points (predicting the mean: {held['baseline_mae']:.3f}), rank "
             f"correlation {spearman}"
         )

@@ -4,6 +4,7 @@ training did; reruns continue, other settings are refused unless forced; bad dat
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 
 import numpy as np
@@ -84,6 +85,28 @@ def test_a_rerun_continues_and_other_settings_need_force(advantage_data, advanta
     assert code == 0, stderr
     assert load_checkpoint(run)["epoch"] == 1
     assert yaml.safe_load((run / "config.yaml").read_text())["hops"] == 1
+
+
+def test_held_out_models_measure_the_error_on_graphs_never_trained_on(advantage_data, tmp_path):
+    data = tmp_path / "two-models"
+    collect(tiny_settings(models=[MODEL, "squeezenet-1.1"], episodes=6), data, progress=False)
+    unseen = RolloutData.load(data)
+    squeezenet = np.isin(unseen.arrays["obs_model"], [1])[:, None] & (
+        unseen.arrays["advantage_slots"] >= 0
+    )
+    argv = train_args(data, tmp_path / "run", "--epochs", "1", "--holdout-models", "squeezenet-1.1")
+    code, stdout, stderr = run_cli([*argv, "--json"])
+    assert code == 0, stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["held_out_models"] == ["squeezenet-1.1"]
+    assert summary["held_out"]["examples"] == int(squeezenet.sum()) > 0
+    assert summary["train_examples"] == summary["examples"] - int(squeezenet.sum()) > 0
+
+    code, _, stderr = run_cli(
+        train_args(advantage_data, tmp_path / "other", "--holdout-models", "bert")
+    )
+    assert code == 2 and "not among the data's models (resnet-18)" in stderr
+    assert not (tmp_path / "other").exists()
 
 
 def test_bad_data_and_foreign_runs_are_one_line(tmp_path):
