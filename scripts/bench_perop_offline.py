@@ -145,10 +145,11 @@ def measure(
     return row
 
 
-def run_meta(size: str, settings: OrtSettings) -> dict[str, object]:
+def run_meta(size: str, settings: OrtSettings, cold: bool = True) -> dict[str, object]:
     """What rows must share to sit in one table."""
     return {
         "size": size,
+        "perop_caches": "flushed before every run" if cold else "warm",
         "threads": settings.threads,
         "provider": settings.resolved().provider,
         "onnxruntime": ort.__version__,
@@ -175,7 +176,8 @@ def markdown(rows: list[Row], meta: dict[str, object], peaks: MachinePeaks, comm
         "",
         f"onnxruntime {meta['onnxruntime']}, provider {meta['provider']}, {meta['threads']} "
         "thread(s); every graph runs as written (optimiser off) and its operators are timed "
-        f"alone at the same level; measured {dates[0]} to {dates[-1]}, 1-minute load average "
+        f"alone at the same level, caches {meta.get('perop_caches', 'warm')}; "
+        f"measured {dates[0]} to {dates[-1]}, 1-minute load average "
         f"{min(loads):.2f}-{max(loads):.2f}; analytic peaks {peaks.gflops:.1f} GFLOP/s, "
         f"{peaks.gbps:.1f} GB/s DRAM, {peaks.cache_gbps or peaks.gbps:.1f} GB/s in cache. "
         "Error = (estimate - e2e) / e2e, e2e the 3rd-smallest run.",
@@ -261,19 +263,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perop-runs", type=int, default=10, help="timed runs per operator")
     parser.add_argument("--perop-cache", metavar="FILE", help="per-op cache (default OUT.sqlite)")
     parser.add_argument("--fresh", action="store_true", help="forget kept rows and OUT.sqlite")
+    parser.add_argument(
+        "--warm", action="store_true", help="time operators warm (the per-op model's old way)"
+    )
     args = parser.parse_args(argv)
 
     settings = Deployment("offline").settings(OrtSettings(threads=args.threads)).resolved()
     out = args.out or f"runs/perop-offline-{args.size}"
     paths = {suffix: Path(f"{out}.{suffix}") for suffix in ("json", "md", "png", "sqlite")}
-    meta = run_meta(args.size, settings)
+    meta = run_meta(args.size, settings, cold=not args.warm)
     kept = {} if args.fresh else kept_rows(paths["json"], meta)
     perop_cache = Path(args.perop_cache or paths["sqlite"])
     if args.fresh and not args.perop_cache:
         perop_cache.unlink(missing_ok=True)
     peaks = machine_peaks(settings)
     runner = Runner(settings, runs=args.runs, min_time_s=args.min_time)
-    perop = PerOpCostModel(settings, runs=args.perop_runs, cache_path=perop_cache)
+    perop = PerOpCostModel(
+        settings, runs=args.perop_runs, cache_path=perop_cache, cold=not args.warm
+    )
     analytic = AnalyticCostModel(peaks)
     command = shlex.join(["python", *sys.argv])
     rows: list[Row] = []

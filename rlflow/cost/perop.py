@@ -12,6 +12,16 @@ bounds), and their digest is part of the signature. Other constants (weights) ge
 data of the right shape. Non-constant inputs get random data, except indices (drawn within
 the indexed axis) and shape inputs derivable from the node's static output shape.
 
+On CPU an operator that holds weights (a constant input of COLD_WEIGHT_BYTES or more) is
+timed with the caches flushed before every run (`CacheFlusher`: a buffer twice the last-level
+cache written outside the clock), and the per-run overhead taken off it is the one measured
+the same way. Timed again and again alone, such an operator finds its weights in cache from
+the run before, which inside a graph it does not: the other operators' weights have evicted
+them. Operators without weights read activations the operator before them has just written,
+still in cache, and are timed warm. Warm timings underestimated every offline zoo graph here
+(median 16%, and 50% on a model whose 39 MB of weights exceed the 32 MB L3; docs/BENCHMARKS.md,
+"Per-op cost against end-to-end latency"). `cold=False` times every operator warm.
+
 Each timing includes onnxruntime's fixed per-run cost, which a whole graph pays once; so that
 cost is measured on a trivial model and taken off every operator, and added once per graph.
 Operators that only relabel a buffer (Reshape, Flatten, Squeeze, ...) are not timed: inside a
@@ -56,6 +66,8 @@ from rlflow.graph import Graph, Node, load_model
 from rlflow.graph.domains import is_standard, opset_for
 from rlflow.graph.hashing import digest
 
+COLD_WEIGHT_BYTES = 64 * 2**10
+"""A constant input this large makes an operator's timing cold (see the module docstring)."""
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
 # larger ones are weights, whose values do not change the running time.
 SMALL_CONSTANT = 8
@@ -114,6 +126,8 @@ class PerOpCostModel:
         cache_path: the sqlite file; default `perop.sqlite` in the cache directory.
         runs: timed runs per operator (the minimum is kept), after `warmup` untimed ones.
         analytic: the fallback for operators that cannot run alone (made on first need).
+        cold: flush the CPU caches before every timed run (see the module docstring; part of
+            the cache key; no effect on CUDA, whose operators stream from device memory).
     """
 
     def __init__(
@@ -124,15 +138,18 @@ class PerOpCostModel:
         runs: int = 10,
         warmup: int = 2,
         analytic: AnalyticCostModel | None = None,
+        cold: bool = True,
     ) -> None:
         self.settings = (settings or OrtSettings()).resolved()
         self.runs, self.warmup = runs, warmup
+        self.cold = cold
+        self._flusher: CacheFlusher | None = None
         self.cache_path = Path(cache_path) if cache_path else cache_dir() / "perop.sqlite"
         self._analytic = analytic
         self._db = _open_db(self.cache_path)
         self._memory: dict[str, tuple[float | None, str]] = {}
         self._settings_keys: dict[OrtSettings, str] = {}
-        self._overheads: dict[OrtSettings, float] = {}
+        self._overheads: dict[tuple[OrtSettings, bool], float] = {}
         self.measured_ops = 0
         """One-node measurements made by this object (a fully cached pass adds none)."""
         self.fallback_nodes = 0
@@ -191,23 +208,25 @@ class PerOpCostModel:
         raw_ms, error = self._raw_ms(graph, node, settings)
         if raw_ms is None:
             return None, error
-        return max(raw_ms - self.overhead_ms(settings), 0.0), ""
+        return max(raw_ms - self.overhead_ms(settings, holds_weights(graph, node)), 0.0), ""
 
-    def overhead_ms(self, settings: OrtSettings | None = None) -> float:
+    def overhead_ms(self, settings: OrtSettings | None = None, cold: bool = False) -> float:
         """onnxruntime's time for one run of a trivial model under `settings` (default ours),
-        cached like an operator."""
+        from flushed caches if `cold`, cached like an operator."""
         settings = settings or self.settings
-        if settings not in self._overheads:
-            key = digest("overhead", self._settings_key(settings)).hex()
+        cold = cold and self._flushes(settings)
+        if (settings, cold) not in self._overheads:
+            label = "overhead-cold" if cold else "overhead"
+            key = digest(label, self._settings_key(settings)).hex()
             cached = self._lookup(key)
             if cached is None:
                 model, feeds = _trivial_model()
                 # More runs than an operator gets: this number is subtracted from every one.
-                ms = self._time(model, feeds, settings, runs=max(50, 5 * self.runs))
-                self._save(key, "(overhead)", settings, ms, "")
+                ms = self._time(model, feeds, settings, runs=max(50, 5 * self.runs), cold=cold)
+                self._save(key, f"({label})", settings, ms, "")
                 cached = (ms, "")
-            self._overheads[settings] = cached[0] or 0.0
-        return self._overheads[settings]
+            self._overheads[settings, cold] = cached[0] or 0.0
+        return self._overheads[settings, cold]
 
     def close(self) -> None:
         self._db.close()
@@ -223,11 +242,13 @@ class PerOpCostModel:
         if raw_ms is None:
             self.fallback_nodes += 1
             return self._fallback().node_time_ms(graph, node), error
-        return max(raw_ms - self.overhead_ms(settings), 0.0), None
+        return max(raw_ms - self.overhead_ms(settings, holds_weights(graph, node)), 0.0), None
 
     def _settings_key(self, settings: OrtSettings) -> str:
         if settings not in self._settings_keys:
             key = f"{settings.key()},runs={self.runs},warmup={self.warmup}"
+            if self._flushes(settings):
+                key += ",cold"
             self._settings_keys[settings] = key
         return self._settings_keys[settings]
 
@@ -241,7 +262,8 @@ class PerOpCostModel:
         try:
             model, feeds = one_node_model(graph, node)
             shapes = {out.name: graph.values[out.name].shape for out in model.graph.output}
-            ms: float | None = self._time(model, feeds, settings, self.runs, shapes)
+            cold = holds_weights(graph, node)
+            ms: float | None = self._time(model, feeds, settings, self.runs, shapes, cold)
             error = ""
         except Exception as failure:  # any failure to build or run means "cannot run alone"
             ms, error = None, first_line(failure)
@@ -255,15 +277,29 @@ class PerOpCostModel:
         settings: OrtSettings,
         runs: int,
         shapes: dict[str, tuple[int, ...]] | None = None,
+        cold: bool = False,
     ) -> float:
-        """The fastest of `runs` timed runs, after checking the outputs' `shapes` if given."""
+        """The fastest of `runs` timed runs, after checking the outputs' `shapes` if given;
+        each from flushed caches if `cold` (and this model flushes under `settings`)."""
         session = make_session(model.SerializeToString(), settings)
         if shapes:
             _check_shapes(session, feeds, shapes)
         run = timed_run(session, feeds)
         for _ in range(self.warmup):
             run()
-        return min(run() for _ in range(runs))
+        if not (cold and self._flushes(settings)):
+            return min(run() for _ in range(runs))
+        if self._flusher is None:
+            self._flusher = CacheFlusher()
+        times = []
+        for _ in range(runs):
+            self._flusher.flush()
+            times.append(run())
+        return min(times)
+
+    def _flushes(self, settings: OrtSettings) -> bool:
+        """Whether timings under `settings` start from flushed caches (cold, on CPU)."""
+        return self.cold and settings.resolved().provider == "cpu"
 
     def _fallback(self) -> AnalyticCostModel:
         if self._analytic is None:
@@ -290,6 +326,47 @@ class PerOpCostModel:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (key, op_type, self._settings_key(settings), ms, error, time.time()),
             )
+
+
+class CacheFlusher:
+    """Evicts the CPU caches by writing a buffer twice the size of the last-level cache (~2 ms
+    for 64 MB here), so that the next timed run reads its weights and inputs from memory."""
+
+    FALLBACK_LLC_BYTES = 32 * 2**20
+    """Used where the cache size cannot be read (not Linux, or no sysfs)."""
+
+    def __init__(self, llc_bytes: int | None = None) -> None:
+        size = 2 * (llc_bytes or last_level_cache_bytes() or self.FALLBACK_LLC_BYTES)
+        self._buffer = np.zeros(size // 8, dtype=np.float64)
+
+    def flush(self) -> None:
+        np.add(self._buffer, 1.0, out=self._buffer)
+
+
+def holds_weights(graph: Graph, node: Node) -> bool:
+    """Whether `node` reads a constant of COLD_WEIGHT_BYTES or more (a weight matrix, a filter):
+    such operators are timed cold."""
+    for name in node.inputs:
+        array = graph.constant(name) if name else None
+        if array is not None and array.nbytes >= COLD_WEIGHT_BYTES:
+            return True
+    return False
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache of cpu0 in bytes, from Linux's sysfs (None if unreadable)."""
+    sizes = []
+    for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = entry.read_text().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        if text and text[-1] in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes, default=None)
 
 
 def runs_in_place(node: Node) -> bool:

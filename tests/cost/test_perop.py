@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rlflow.cost import Deployment, OrtSettings, PerOpCostModel, nchwc_block_size
-from rlflow.cost.perop import node_key
+from rlflow.cost.perop import CacheFlusher, last_level_cache_bytes, node_key
 from rlflow.graph import NCHWC_DOMAIN, Graph, Node, Value, load_model
 
 
@@ -97,6 +97,29 @@ def test_settings_are_part_of_the_key(build, tmp_path, ort_level):
     PerOpCostModel(OrtSettings(ort_level="basic"), cache_path=cache_path, runs=2).report(graph)
     other = PerOpCostModel(OrtSettings(ort_level=ort_level), cache_path=cache_path, runs=2)
     assert other.report(graph).measured_now > 0
+
+
+def test_cold_and_warm_timings_are_cached_apart(build, tmp_path):
+    # Cold (caches flushed before each run, the default) and warm timings are different
+    # measurements of the same operator: neither may be served from the other's entries.
+    graph = load_model(_block_model(build))
+    cache_path = tmp_path / "perop.sqlite"
+    cold = PerOpCostModel(cache_path=cache_path, runs=2)
+    assert cold.cold and cold.report(graph).measured_now > 0
+    warm = PerOpCostModel(cache_path=cache_path, runs=2, cold=False)
+    assert warm.report(graph).measured_now == cold.measured_ops
+    again = PerOpCostModel(cache_path=cache_path, runs=2)
+    assert again.report(graph).measured_now == 0
+
+
+def test_the_cache_flusher_covers_the_last_level_cache():
+    llc = last_level_cache_bytes()
+    assert llc is None or llc >= 2**16  # read from sysfs where there is one
+    flusher = CacheFlusher(llc_bytes=2**20)
+    assert flusher._buffer.nbytes == 2 * 2**20  # twice the cache: every line evicted
+    flusher.flush()
+    flusher.flush()
+    assert np.all(flusher._buffer == 2.0)  # every byte was written, not just allocated
 
 
 def test_operators_are_timed_at_the_level_their_graph_declares(build, tmp_path):
