@@ -2,7 +2,7 @@
 
 A thin gymnasium wrapper around `rlflow.rewrite.session.RewriteSession`: the session owns the
 graph, its candidates and the action record; this module turns them into fixed-size padded
-arrays, an action mask and the X-RLflow reward. It is longer than most modules (~680 lines) for
+arrays, an action mask and the X-RLflow reward. It is longer than most modules (~740 lines) for
 one reason: the env class carries Gymnasium's full documentation of its spaces, rewards, start
 and arguments, a third of the file.
 """
