@@ -63,7 +63,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench", help="compare methods on models; write report.md, plots and results.json"
     )
-    parser.add_argument("--models", nargs="+", metavar="MODEL", help="zoo names or .onnx paths")
+    parser.add_argument(
+        "--models",
+        "--model",
+        dest="models",
+        nargs="+",
+        metavar="MODEL",
+        help="zoo names or .onnx paths",
+    )
     parser.add_argument(
         "--methods",
         nargs="+",

@@ -35,7 +35,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "collect", help="roll out a policy in the real env and store shards for the world model"
     )
     parser.add_argument(
-        "--model", nargs="+", required=True, metavar="MODEL", help="zoo names or .onnx paths"
+        "--model",
+        "--models",
+        dest="model",
+        nargs="+",
+        required=True,
+        metavar="MODEL",
+        help="zoo names or .onnx paths",
     )
     parser.add_argument("--episodes", type=int, help="episodes wanted in DATA_DIR (default 64)")
     parser.add_argument(

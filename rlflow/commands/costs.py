@@ -32,7 +32,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "collect", help="time every operator rollouts reach on each model into a cost table"
     )
     collect.add_argument(
-        "--models", nargs="+", required=True, metavar="MODEL", help="zoo names or .onnx paths"
+        "--models",
+        "--model",
+        dest="models",
+        nargs="+",
+        required=True,
+        metavar="MODEL",
+        help="zoo names or .onnx paths",
     )
     add_model_options(collect)
     collect.add_argument(

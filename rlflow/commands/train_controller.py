@@ -53,7 +53,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--eval-real", action="store_true", help="then run the controllers in the real env"
     )
     parser.add_argument(
-        "--models", nargs="+", metavar="MODEL", help="--eval-real models (default: the data's)"
+        "--models",
+        "--model",
+        dest="models",
+        nargs="+",
+        metavar="MODEL",
+        help="--eval-real models (default: the data's)",
     )
     parser.add_argument(
         "--random-episodes", type=int, default=8, help="--eval-real random-agent episodes (8)"

@@ -32,6 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--model",
+        "--models",
+        dest="model",
         nargs="+",
         metavar="MODEL",
         help="zoo names or .onnx paths, one drawn per episode (default: RUN_DIR's config)",

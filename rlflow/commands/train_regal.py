@@ -23,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--models",
+        "--model",
+        dest="models",
         nargs="+",
         metavar="MODEL",
         help="zoo names or .onnx paths, taken in turn (default: RUN_DIR's config)",

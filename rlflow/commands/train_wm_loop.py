@@ -31,7 +31,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "with the controller, repeat",
     )
     parser.add_argument(
-        "--model", nargs="+", required=True, metavar="MODEL", help="zoo names or .onnx paths"
+        "--model",
+        "--models",
+        dest="model",
+        nargs="+",
+        required=True,
+        metavar="MODEL",
+        help="zoo names or .onnx paths",
     )
     parser.add_argument("--out", required=True, metavar="LOOP_DIR", help="the loop directory")
     parser.add_argument("--iterations", type=int, default=3, help="rounds (default 3)")

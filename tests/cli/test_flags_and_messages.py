@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from onnx import helper
 
+from rlflow.cli import build_parser
 from rlflow.cost import Runner
 from rlflow.errors import RlflowError
 from rlflow.graph import load_model
@@ -76,3 +77,21 @@ def test_runner_messages_say_what_is_wrong(mlp_model):
         "graphs compared must take the same inputs: graph 2 takes x: float[2x4], "
         "the first x: float[2x8]"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "dest", "extra"),
+    [
+        ("bench", "models", ["--out", "r"]),
+        ("collect", "model", ["--out", "d"]),
+        ("train-ppo", "model", ["--out", "r"]),
+        ("train-regal", "models", ["--out", "r"]),
+        ("train-wm-loop", "model", ["--out", "l"]),
+        ("train-controller", "models", ["--wm", "w", "--out", "c"]),
+    ],
+)
+@pytest.mark.parametrize("spelling", ["--model", "--models"])
+def test_every_command_taking_models_reads_both_spellings(command, dest, extra, spelling):
+    # Some commands grew --model and others --models; a user should not have to remember which.
+    args = build_parser(command).parse_args([command, spelling, "bert", "vit-base", *extra])
+    assert getattr(args, dest) == ["bert", "vit-base"]
