@@ -1,0 +1,350 @@
+#!/usr/bin/env python
+"""Search methods compared per cost evaluation (issue 19; docs/BENCHMARKS.md, "Search").
+
+For each model, method and seed: run the search from the original graph (zoo model at --size,
+offline settings: graphs as written) with the ANALYTIC cost only, and record the best cost
+seen relative to the start graph's -- the speedup in cost-model terms, start cost / best cost
+-- after each evaluation. Nothing is timed: the analytic roofline is deterministic (given the
+machine peaks it reads, measured once per machine and cached), and the search functions are
+stopped by their cost once the evaluation budget is spent, so the end-to-end timing every
+search ends with (`rlflow.search.base.finish`) never runs.
+
+An evaluation is a distinct graph costed (`SearchResult.evaluated`'s unit; the start graph is
+not counted): a graph costed again is a memoised lookup, as a measured cost would be. The
+methods' own budgets count other things (taso: graphs popped; random and guided: steps; brkga
+and regal: chromosomes, whose decodings repeat), so each gets more than enough of its own and
+all are cut at the same number of evaluations. A search that ends first (an empty queue) keeps
+its last best to the end of the curve. taso has no randomness: it runs once per model, and
+that run stands for every seed.
+
+Methods: random, taso, brkga, guided:RUN_DIR (`rlflow train-advantage`) and regal:RUN_DIR
+(`rlflow train-regal`). The table (stdout and OUT.md) gives per model and method the final
+speedup (mean, min-max over seeds) and the evaluations each seed needed to reach taso's final
+speedup; OUT.json has every curve, OUT.png draws them (mean line, min-max band). Progress on
+stderr.
+
+    python scripts/bench_search_curves.py --models inception-v3 resnet-50 bert --size small \\
+        --methods random taso guided:runs/adv brkga regal:runs/regal --seeds 0 1 2 \\
+        --evaluations 400 --out runs/search-curves
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shlex
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from rlflow.cost import AnalyticCostModel, Deployment, OrtSettings, machine_peaks
+from rlflow.errors import RlflowError
+from rlflow.fileio import write_json_atomic, write_text_atomic
+from rlflow.graph import Graph, load_model
+from rlflow.search.cost import SearchCost
+from rlflow.zoo import cached_path
+
+OWN_BUDGET_FACTOR = 20
+"""A method's own budget, per evaluation of the shared budget: enough that the shared
+evaluation budget, not the method's own, is what stops it."""
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class BudgetSpent(Exception):
+    """Raised by `CurveCost` when a search asks for one graph more than the budget."""
+
+
+class CurveCost(SearchCost):
+    """The analytic cost, recording the best cost after each distinct graph costed and
+    stopping the search (`BudgetSpent`) at the first graph beyond `budget`. The first graph
+    asked for is the start graph: it sets `start_cost` and is not counted."""
+
+    def __init__(self, analytic: AnalyticCostModel, settings: OrtSettings, budget: int) -> None:
+        super().__init__("analytic", analytic.cost_ms, settings)
+        self.budget = budget
+        self.start_cost: float | None = None
+        self.best = float("inf")
+        self.curve: list[float] = []
+        """Best cost after evaluation 1, 2, ... (the start graph excluded)."""
+
+    def __call__(self, graph: Graph) -> float:
+        if graph.canonical_hash() in self._asked:
+            return super().__call__(graph)
+        if self.start_cost is not None and len(self.curve) >= self.budget:
+            raise BudgetSpent
+        value = super().__call__(graph)
+        if self.start_cost is None:
+            self.start_cost = self.best = value
+        else:
+            self.best = min(self.best, value)
+            self.curve.append(self.best)
+        return value
+
+
+def speedups(start_cost: float, curve: list[float], budget: int) -> list[float]:
+    """Start cost / best cost after each evaluation, the last value carried to `budget`
+    (a search that stopped early) and 1.0 before any evaluation."""
+    values = [start_cost / cost for cost in curve] or [1.0]
+    return values + [values[-1]] * (budget - len(values))
+
+
+def evaluations_to_reach(curve: list[float], target: float, tolerance: float = 1e-9) -> int | None:
+    """The first evaluation (1-based) whose speedup reaches `target` (within a relative
+    tolerance: equal graphs, costed alike); 0 if the target is no gain; None if never."""
+    if target <= 1.0 + tolerance:
+        return 0
+    for index, value in enumerate(curve):
+        if value >= target * (1.0 - tolerance):
+            return index + 1
+    return None
+
+
+def method_label(method: str) -> str:
+    """`guided:RUN_DIR` -> `guided`; plain names unchanged."""
+    return method.split(":", 1)[0]
+
+
+def run_one(task: dict[str, Any]) -> dict[str, Any]:
+    """One search of one model with one seed, cut at the evaluation budget (runs in a worker
+    process: everything it needs is in `task`)."""
+    from rlflow.rewrite import default_ruleset
+    from rlflow.rewrite.session import RewriteSession
+    from rlflow.search import brkga, guided, random_walk, taso
+
+    model, method, seed, budget = task["model"], task["method"], task["seed"], task["budget"]
+    settings = Deployment("offline").settings(OrtSettings()).resolved()
+    graph = load_model(cached_path(model, task["size"]))
+    cost = CurveCost(AnalyticCostModel(machine_peaks(settings)), settings, budget)
+    session = RewriteSession(graph, default_ruleset(), model=model)
+    own = budget * OWN_BUDGET_FACTOR
+    label, _, run_dir = method.partition(":")
+    started = time.perf_counter()
+    try:
+        if label == "taso":
+            taso.search(session, cost, budget=own)
+        elif label == "random":
+            random_walk.search(session, cost, budget=own, seed=seed)
+        elif label == "brkga":
+            brkga.search(session, cost, budget=own, seed=seed)
+        elif label == "regal":
+            from rlflow.agents.regal_policy import load_regal_policy
+
+            policy = load_regal_policy(run_dir)
+            brkga.search(
+                session,
+                cost,
+                budget=own,
+                seed=seed,
+                biases=policy.biases,
+                config=policy.brkga_config,
+                label="regal",
+            )
+        elif label == "guided":
+            from rlflow.advantage.guide import load_guide
+
+            guided.search(session, cost, advantage=load_guide(run_dir), budget=own, seed=seed)
+        else:
+            raise RlflowError(f"unknown method {method!r}")
+        stopped = "search ended"
+    except BudgetSpent:
+        stopped = "budget"
+    assert cost.start_cost is not None
+    return {
+        "model": model,
+        "method": method_label(method),
+        "spec": method,
+        "seed": seed,
+        "start_cost_ms": cost.start_cost,
+        "evaluations": len(cost.curve),
+        "stopped": stopped,
+        "wall_s": round(time.perf_counter() - started, 2),
+        "speedup": speedups(cost.start_cost, cost.curve, budget),
+    }
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model and method: final speedups per seed and the evaluations to reach taso's."""
+    rows = []
+    for model in dict.fromkeys(run["model"] for run in runs):
+        of_model = [run for run in runs if run["model"] == model]
+        taso_final = [run["speedup"][-1] for run in of_model if run["method"] == "taso"]
+        target = max(taso_final) if taso_final else None
+        for method in dict.fromkeys(run["method"] for run in of_model):
+            of_method = [run for run in of_model if run["method"] == method]
+            finals = [run["speedup"][-1] for run in of_method]
+            reach = (
+                [evaluations_to_reach(run["speedup"], target) for run in of_method]
+                if target is not None
+                else []
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "method": method,
+                    "seeds": [run["seed"] for run in of_method],
+                    "final": finals,
+                    "taso_final": target,
+                    "to_reach_taso": reach,
+                    "stopped_early": sum(run["stopped"] != "budget" for run in of_method),
+                }
+            )
+    return rows
+
+
+def format_reach(reach: list[int | None]) -> str:
+    if not reach:
+        return "-"
+    if all(value is None for value in reach):
+        return "not reached"
+    shown = ", ".join("not reached" if value is None else str(value) for value in reach)
+    hit = [value for value in reach if value is not None]
+    return f"{shown} (mean of {len(hit)}: {statistics.mean(hit):.0f})"
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"`{meta['command']}` ({meta['date']}; analytic cost, nothing timed; "
+        f"{meta['evaluations']} evaluations = distinct graphs costed; seeds "
+        f"{', '.join(map(str, meta['seeds']))}; taso deterministic, run once)",
+        "",
+        "| model | method | cost-model speedup, mean (min-max) | evaluations to reach taso's "
+        "final, per seed |",
+        "|---|---|---:|---|",
+    ]
+    for row in rows:
+        finals = row["final"]
+        spread = f"{min(finals):.3f}-{max(finals):.3f}" if len(finals) > 1 else "one run"
+        early = f"; {row['stopped_early']} ended early" if row["stopped_early"] else ""
+        lines.append(
+            f"| {row['model']} | {row['method']} | {statistics.mean(finals):.3f}x ({spread}) "
+            f"| {format_reach(row['to_reach_taso'])}{early} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
+    """Speedup against evaluations, one panel per model: each method's mean over seeds as a
+    line, its min-max over seeds as a band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    models = list(dict.fromkeys(run["model"] for run in runs))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 4.0), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        of_model = [run for run in runs if run["model"] == model]
+        for method in dict.fromkeys(run["method"] for run in of_model):
+            curves = np.array([run["speedup"] for run in of_model if run["method"] == method])
+            x = np.arange(1, curves.shape[1] + 1)
+            (line,) = ax.plot(x, curves.mean(axis=0), label=method, linewidth=1.4)
+            ax.fill_between(
+                x, curves.min(axis=0), curves.max(axis=0), alpha=0.18, color=line.get_color()
+            )
+        ax.set_title(model, fontsize=10)
+        ax.set_xlabel("evaluations (distinct graphs costed)")
+        ax.set_ylabel("cost-model speedup (start / best)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        f"analytic cost, nothing timed; zoo {meta['size']}; seeds "
+        f"{', '.join(map(str, meta['seeds']))}; {meta['date']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", required=True, help="zoo models")
+    parser.add_argument("--size", default="small", help="zoo size: small, medium or full")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["random", "taso", "brkga"],
+        help="random, taso, brkga, guided:RUN_DIR, regal:RUN_DIR",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--evaluations", type=int, default=400, help="budget per search")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="searches run at once (1: in this process)"
+    )
+    parser.add_argument("--out", default="runs/search-curves", help="output path, no suffix")
+    args = parser.parse_args(argv)
+    if args.evaluations < 1:
+        print("error: --evaluations must be at least 1", file=sys.stderr)
+        return 2
+    for method in args.methods:
+        if method_label(method) not in ("random", "taso", "brkga", "guided", "regal"):
+            print(f"error: unknown method {method!r}", file=sys.stderr)
+            return 2
+        if method_label(method) in ("guided", "regal") and ":" not in method:
+            print(f"error: {method} needs its run: {method}:RUN_DIR", file=sys.stderr)
+            return 2
+
+    tasks = [
+        {
+            "model": model,
+            "method": method,
+            "seed": seed,
+            "budget": args.evaluations,
+            "size": args.size,
+        }
+        for model in args.models
+        for method in args.methods
+        for seed in (args.seeds[:1] if method == "taso" else args.seeds)
+    ]
+    meta = {
+        "command": shlex.join(["python", "scripts/bench_search_curves.py", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "size": args.size,
+        "seeds": args.seeds,
+        "evaluations": args.evaluations,
+        "cost": "analytic (no timing)",
+    }
+    out = Path(args.out)
+    paths = {suffix: out.with_name(f"{out.name}.{suffix}") for suffix in ("json", "md", "png")}
+    runs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    try:
+        with ProcessPoolExecutor(max_workers=args.jobs) if args.jobs > 1 else nullcontext() as pool:
+            results = pool.map(run_one, tasks) if pool is not None else map(run_one, tasks)
+            for done, run in enumerate(results, 1):
+                # taso stands for every seed (it has no randomness).
+                copies = args.seeds if run["method"] == "taso" else [run["seed"]]
+                runs += [{**run, "seed": seed} for seed in copies]
+                elapsed = time.perf_counter() - started
+                eta = elapsed / done * (len(tasks) - done)
+                progress(
+                    f"[{done}/{len(tasks)}] {run['model']} {run['method']} seed {run['seed']}: "
+                    f"{run['speedup'][-1]:.3f}x after {run['evaluations']} evaluations "
+                    f"({run['stopped']}, {run['wall_s']:.0f} s); {elapsed / done:.0f} s/run, "
+                    f"ETA {eta / 60:.1f} min"
+                )
+                write_json_atomic(paths["json"], {"meta": meta, "runs": runs})
+    except RlflowError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    rows = summarise(runs)
+    write_json_atomic(paths["json"], {"meta": meta, "runs": runs, "summary": rows})
+    table = markdown(rows, meta)
+    write_text_atomic(paths["md"], table)
+    plot(runs, meta, paths["png"])
+    print(table)
+    progress(f"wrote {paths['md']}, {paths['json'].name} and {paths['png'].name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

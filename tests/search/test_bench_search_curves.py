@@ -1,0 +1,75 @@
+"""scripts/bench_search_curves.py: its curve arithmetic, and one small run of two methods on a
+small model (analytic cost: the search is cut by its cost, so nothing is ever timed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_search_curves.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_search_curves", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_evaluations_to_reach_counts_from_one_and_says_never(bench):
+    curve = [1.0, 1.02, 1.02, 1.10, 1.25]
+    assert bench.evaluations_to_reach(curve, 1.10) == 4
+    assert bench.evaluations_to_reach(curve, 1.25) == 5
+    assert bench.evaluations_to_reach(curve, 1.26) is None
+    assert bench.evaluations_to_reach(curve, 1.0) == 0  # no gain to reach
+    assert bench.evaluations_to_reach([1.1 * (1 - 1e-12)], 1.1) == 1  # equal graphs, float noise
+
+
+def test_speedups_carry_the_last_best_to_the_budget(bench):
+    assert bench.speedups(2.0, [2.0, 1.6, 1.0], 5) == [1.0, 1.25, 2.0, 2.0, 2.0]
+    assert bench.speedups(2.0, [], 2) == [1.0, 1.0]  # nothing costed beyond the start
+
+
+def test_a_small_run_records_equal_budgets_and_never_times(bench, tmp_path, monkeypatch):
+    from rlflow.search import random_walk, taso
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("the final end-to-end timing ran")
+
+    monkeypatch.setattr(taso, "finish", no_timing)
+    monkeypatch.setattr(random_walk, "finish", no_timing)
+    out = tmp_path / "curves"
+    argv = ["--models", "squeezenet-1.1", "--methods", "random", "taso", "--seeds", "0", "1"]
+    assert bench.main([*argv, "--evaluations", "12", "--out", str(out)]) == 0
+
+    data = json.loads(out.with_name("curves.json").read_text())
+    runs = data["runs"]
+    assert sorted((run["method"], run["seed"]) for run in runs) == [
+        ("random", 0),
+        ("random", 1),
+        ("taso", 0),
+        ("taso", 1),
+    ]
+    for run in runs:
+        assert run["evaluations"] == 12 and run["stopped"] == "budget"
+        curve = run["speedup"]
+        assert len(curve) == 12 and curve == sorted(curve) and curve[0] >= 1.0
+    taso_final = max(run["speedup"][-1] for run in runs if run["method"] == "taso")
+    rows = {row["method"]: row for row in data["summary"]}
+    assert rows["taso"]["taso_final"] == taso_final
+    assert all(reach is not None and reach <= 12 for reach in rows["taso"]["to_reach_taso"])
+    table = out.with_name("curves.md").read_text()
+    assert "| squeezenet-1.1 | taso |" in table and "analytic cost, nothing timed" in table
+    assert out.with_name("curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_learned_method_without_its_run_is_a_one_line_error(bench, tmp_path, capsys):
+    assert bench.main(["--models", "squeezenet-1.1", "--methods", "guided"]) == 2
+    assert "guided:RUN_DIR" in capsys.readouterr().err
