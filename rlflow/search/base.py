@@ -243,3 +243,12 @@ def finish(
         confirmed=confirmed,
         cost_details=cost.details(),
     )
+
+
+def trim_queue(queue: list, remaining: int) -> list:
+    """A best-first queue (a heap) cut to its `remaining` best entries once it holds more than
+    twice that: entries past what the budget can still expand are never popped."""
+    if len(queue) > 2 * remaining:
+        queue = heapq.nsmallest(remaining, queue)
+        heapq.heapify(queue)
+    return queue

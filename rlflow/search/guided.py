@@ -31,7 +31,15 @@ from rlflow.errors import RlflowError
 from rlflow.graph import Graph
 from rlflow.rewrite import Candidate
 from rlflow.rewrite.session import RewriteSession
-from rlflow.search.base import DEFAULT_TOP_K, NO_PROGRESS, Board, Progress, SearchResult, finish
+from rlflow.search.base import (
+    DEFAULT_TOP_K,
+    NO_PROGRESS,
+    Board,
+    Progress,
+    SearchResult,
+    finish,
+    trim_queue,
+)
 from rlflow.search.cost import SearchCost
 
 DEFAULT_BUDGET = 300
@@ -136,10 +144,7 @@ def search(
         best_cost = min(best_cost, child_cost)
         if promising:
             extend(child, child_cost)
-        remaining = budget - expansions
-        if len(frontier) > 2 * remaining:
-            frontier = heapq.nsmallest(remaining, frontier)
-            heapq.heapify(frontier)
+        frontier = trim_queue(frontier, budget - expansions)
         progress.set_postfix_str(f"best {best_cost:.4g} frontier {len(frontier)}", refresh=False)
     return finish(
         "guided",

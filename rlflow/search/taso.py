@@ -20,7 +20,15 @@ from rlflow.cost import Runner
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
 from rlflow.rewrite.session import RewriteSession
-from rlflow.search.base import DEFAULT_TOP_K, NO_PROGRESS, Board, Progress, SearchResult, finish
+from rlflow.search.base import (
+    DEFAULT_TOP_K,
+    NO_PROGRESS,
+    Board,
+    Progress,
+    SearchResult,
+    finish,
+    trim_queue,
+)
 from rlflow.search.cost import SearchCost
 
 DEFAULT_ALPHA = 1.05
@@ -87,10 +95,7 @@ def search(
             best_cost = min(best_cost, candidate_cost)
             heapq.heappush(queue, (candidate_cost, pushed, forked))
             pushed += 1
-        remaining = budget - expansions
-        if len(queue) > 2 * remaining:
-            queue = heapq.nsmallest(remaining, queue)
-            heapq.heapify(queue)
+        queue = trim_queue(queue, budget - expansions)
         progress.set_postfix_str(f"best {best_cost:.4g} queue {len(queue)}", refresh=False)
     return finish(
         "taso",
