@@ -111,3 +111,16 @@ def save_run_config(run_dir: Path, kind: str, values: dict[str, Any]) -> None:
     """Write RUN_DIR/config.yaml (`kind` first, then `values`) atomically, as it is."""
     text = yaml.safe_dump({"kind": kind, **values}, sort_keys=False)
     write_bytes_atomic(Path(run_dir) / "config.yaml", text.encode("utf-8"))
+
+
+def run_kind(run_dir: str | Path, label: str, what: str) -> tuple[Path, Any]:
+    """(the run directory, the `kind` its config.yaml names, None if none): the check every
+    `agent:`, `guided:` and `regal:` spec starts with. RlflowError, naming the `label` of run
+    wanted, if the directory is missing or holds no config.yaml (it is then not `what`)."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RlflowError(f"no such {label} run directory: {run_dir}")
+    config_path = path / "config.yaml"
+    if not config_path.is_file():
+        raise RlflowError(f"{run_dir} has no config.yaml: not {what}")
+    return path, read_yaml(config_path).get("kind")

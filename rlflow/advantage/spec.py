@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from rlflow.config import read_yaml
+from rlflow.config import run_kind
 from rlflow.errors import RlflowError
 
 GUIDED_PREFIX = "guided:"
@@ -25,13 +25,8 @@ def is_guided_spec(text: str) -> bool:
 
 def read_advantage_run(run_dir: str | Path) -> Path:
     """The run directory, if it holds a `rlflow train-advantage` run; else RlflowError."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise RlflowError(f"no such advantage run directory: {run_dir}")
+    path, kind = run_kind(run_dir, "advantage", "a `rlflow train-advantage` run")
     config_path = path / "config.yaml"
-    if not config_path.is_file():
-        raise RlflowError(f"{run_dir} has no config.yaml: not a `rlflow train-advantage` run")
-    kind = read_yaml(config_path).get("kind")
     if kind != RUN_KIND:
         raise RlflowError(
             f"{config_path} is a {kind!r} run, not a {RUN_KIND!r} run of `rlflow train-advantage`"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlflow.config import read_yaml
+from rlflow.config import run_kind
 from rlflow.errors import RlflowError
 
 REGAL_PREFIX = "regal:"
@@ -33,13 +33,8 @@ def is_regal_spec(text: str) -> bool:
 
 def read_regal_run(run_dir: str | Path) -> Path:
     """The run directory, if it holds a `rlflow train-regal` run; else RlflowError."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise RlflowError(f"no such REGAL run directory: {run_dir}")
+    path, kind = run_kind(run_dir, "REGAL", "a `rlflow train-regal` run")
     config_path = path / "config.yaml"
-    if not config_path.is_file():
-        raise RlflowError(f"{run_dir} has no config.yaml: not a `rlflow train-regal` run")
-    kind = read_yaml(config_path).get("kind")
     if kind != RUN_KIND:
         raise RlflowError(
             f"{config_path} is a {kind!r} run, not a {RUN_KIND!r} run of `rlflow train-regal`"

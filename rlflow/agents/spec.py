@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlflow.config import read_yaml
+from rlflow.config import run_kind
 from rlflow.errors import RlflowError
 
 AGENT_PREFIX = "agent:"
@@ -44,13 +44,8 @@ def is_agent_spec(text: str) -> bool:
 
 def read_agent(run_dir: str | Path) -> AgentSpec:
     """The agent of a training run directory; RlflowError unless it holds one."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise RlflowError(f"no such agent run directory: {run_dir}")
+    path, kind = run_kind(run_dir, "agent", "a training run directory")
     config_path = path / "config.yaml"
-    if not config_path.is_file():
-        raise RlflowError(f"{run_dir} has no config.yaml: not a training run directory")
-    kind = read_yaml(config_path).get("kind")
     if kind is None:
         raise RlflowError(f"{config_path} names no kind (ppo or controller)")
     if kind not in AGENT_KINDS:
