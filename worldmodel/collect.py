@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlflow.agents.spec import is_agent_spec, parse_agent
+from rlflow.cost.deploy import DEPLOY_MODES
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.data import (
     MANIFEST,
@@ -90,8 +91,12 @@ class CollectSettings:
     models: list[str]  # zoo names or .onnx paths; one is drawn per episode (multi-graph)
     episodes: int = 64  # episodes wanted in the directory in total (finished shards count)
     policy: str = "random"  # random | agent:RUN_DIR
-    size: str = "small"  # zoo model size: small | full
-    cost: str = "analytic"  # reward cost source of the env: analytic | perop | e2e | e2e-sparse
+    size: str = "small"  # zoo model size: small | medium | full
+    # reward cost source of the env: analytic | perop | perop-e2e | e2e | e2e-sparse | table:...;
+    # None: the env's default for the deploy mode (perop offline, analytic online)
+    cost: str | None = None
+    deploy: str = "offline"  # how graphs run: offline (as written, as optimize hands back) | online
+    start: str = "original"  # where episodes begin: original | ort:all | ort:all-PASS | ...
     seed: int = 0  # seed of shard k's env resets and action draws: (seed, k)
     stop_probability: float = 0.2  # the random agent's chance to stop at each step (RLFlow: 0.2)
     episodes_per_shard: int = 16  # episodes per shard file
@@ -107,7 +112,18 @@ class CollectSettings:
             identity.pop(key)
         if not self.candidate_samples:
             identity.pop("candidate_samples")
+        if self.deploy == "online":  # directories made before deploy existed were online
+            identity.pop("deploy")
+        if self.start == "original":
+            identity.pop("start")
         return identity
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """The GraphRewriteEnv arguments these settings fix, over the free-form `env` ones."""
+        kwargs = {**self.env, "size": self.size, "deploy": self.deploy, "start": self.start}
+        if self.cost is not None:
+            kwargs["cost"] = self.cost
+        return kwargs
 
 
 @dataclass
@@ -126,8 +142,7 @@ def make_env(settings: CollectSettings, env_config: Mapping[str, Any] | None = N
 
     kwargs: dict[str, Any] = dict(env_config or {})
     kwargs.pop("models", None)
-    kwargs.update(settings.env)
-    kwargs.update(size=settings.size, cost=settings.cost)
+    kwargs.update(settings.env_kwargs())
     kwargs.setdefault("max_episode_steps", settings.max_episode_steps)
     return gym.make(rlflow.envs.GRAPH_REWRITE_ID, models=list(settings.models), **kwargs)
 
@@ -261,7 +276,11 @@ def prepare(settings: CollectSettings, out: Path) -> tuple[dict[str, Any], list[
         raise RlflowError(
             f"--candidate-samples must be at least 0, got {settings.candidate_samples}"
         )
-    if settings.candidate_samples and settings.cost not in ("analytic", "perop"):
+    if settings.deploy not in DEPLOY_MODES:
+        raise RlflowError(
+            f"unknown deploy mode {settings.deploy!r}; choose {' or '.join(DEPLOY_MODES)}"
+        )
+    if settings.candidate_samples and settings.cost not in (None, "analytic", "perop"):
         raise RlflowError(
             "--candidate-samples needs a cost model for the candidates (--cost analytic or "
             f"perop), not {settings.cost}"

@@ -43,7 +43,7 @@ def env_arguments(settings: Any) -> dict[str, Any]:
     from rlflow.worldmodel.collect import load_policy
 
     policy = load_policy(settings.policy, settings.stop_probability)
-    return {**policy.env_config, **settings.env, "cost": settings.cost}
+    return {**policy.env_config, **settings.env_kwargs()}
 
 
 def collect_on_ray(

@@ -16,13 +16,19 @@ from rlflow.commands.common import (
     cost_type,
     print_json,
 )
-from rlflow.commands.wm_settings import add_common_options, settings_from
+from rlflow.commands.wm_settings import (
+    add_collect_env_arguments,
+    add_common_options,
+    settings_from,
+)
 
 FLAGS = [
     "episodes",
     "policy",
     "size",
     "cost",
+    "deploy",
+    "start",
     "seed",
     "episodes_per_shard",
     "stop_probability",
@@ -62,8 +68,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=cost_type(("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e")),
         metavar="COST",
         help="env reward cost: analytic, perop, e2e, e2e-sparse, perop-e2e or table:NAME|PATH "
-        "(a cost table's per-op times: rlflow costs collect)",
+        "(a cost table's per-op times: rlflow costs collect; default perop offline, analytic "
+        "online)",
     )
+    add_collect_env_arguments(parser)
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")

@@ -17,9 +17,18 @@ from typing import Any
 
 from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import check_output_dir, print_json, stderr
-from rlflow.commands.wm_settings import add_common_options
+from rlflow.commands.wm_settings import add_collect_env_arguments, add_common_options
 
-COLLECT_FLAGS = ["episodes", "size", "cost", "seed", "episodes_per_shard", "stop_probability"]
+COLLECT_FLAGS = [
+    "episodes",
+    "size",
+    "cost",
+    "deploy",
+    "start",
+    "seed",
+    "episodes_per_shard",
+    "stop_probability",
+]
 WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "seed"]
 CONTROLLER_FLAGS = ["method", "generations", "population", "ppo_iterations", "seed"]
 
@@ -46,8 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--cost",
         choices=("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e"),
-        help="env reward cost (the collect section's: analytic)",
+        help="env reward cost (default perop offline, analytic online)",
     )
+    add_collect_env_arguments(parser)
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance")
     parser.add_argument("--latent", type=int, help="size of z (32)")

@@ -26,6 +26,7 @@ def tiny_settings(**changes) -> CollectSettings:
         "max_episode_steps": 8,
         "stop_probability": 0.1,
         "candidate_samples": SAMPLES,
+        "cost": "analytic",  # deterministic targets (the default offline is the measured per-op)
         **changes,
     }
     return CollectSettings(**values)

@@ -90,6 +90,8 @@ def pipeline(tmp_path_factory, tiny_config) -> Pipeline:
             str(EPISODES),
             "--episodes-per-shard",
             "10",
+            "--cost",
+            "analytic",  # the pipeline checks that each stage learns: no timing noise in its data
             "--out",
             str(data),
             "--json",

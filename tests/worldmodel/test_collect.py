@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -173,3 +174,34 @@ def test_a_deleted_shard_is_collected_again(tmp_path):
     assert {name: after[name] for name in kept} == kept
     assert sorted(after) == ["shard-00000.npz", "shard-00002.npz", "shard-00003.npz"]
     assert RolloutData.load(out).num_episodes == 3
+
+
+def test_collect_runs_offline_from_the_start_state_it_is_given(tmp_path):
+    """As train-ppo: graphs run as written (offline) by default, episodes begin at `start`
+    (onnxruntime's graph here), and both pin the directory."""
+    settings = CollectSettings(
+        models=[MODEL], episodes=1, cost="analytic", start="ort:all", max_episode_steps=2
+    )
+    manifest = collect(settings, tmp_path / "ort", progress=False)
+    assert manifest["settings"]["deploy"] == "offline"
+    assert manifest["settings"]["start"] == "ort:all"
+    env = gym.make(
+        rlflow.envs.GRAPH_REWRITE_ID,
+        models=[MODEL],
+        cost="analytic",
+        deploy="offline",
+        start="ort:all",
+    )
+    observation, _ = env.reset(seed=0)
+    env.close()
+    arrays, _ = read_shard(tmp_path / "ort" / "shard-00000.npz")
+    first = int(arrays["num_nodes"][0])
+    assert first == int(observation["node_mask"].sum())
+    original = CollectSettings(models=[MODEL], episodes=1, cost="analytic", max_episode_steps=2)
+    collect(original, tmp_path / "original", progress=False)
+    arrays, _ = read_shard(tmp_path / "original" / "shard-00000.npz")
+    assert int(arrays["num_nodes"][0]) > first  # onnxruntime's graph fused operators away
+    with pytest.raises(RlflowError, match="other settings.*deploy"):
+        collect(replace(original, deploy="online"), tmp_path / "original", progress=False)
+    with pytest.raises(RlflowError, match="unknown deploy mode"):
+        collect(replace(original, deploy="sideways"), tmp_path / "bad", progress=False)
