@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlflow.agents.spec import is_agent_spec, parse_agent
-from rlflow.cost.deploy import DEPLOY_MODES
+from rlflow.cost.deploy import Deployment
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.data import (
     MANIFEST,
@@ -276,10 +276,7 @@ def prepare(settings: CollectSettings, out: Path) -> tuple[dict[str, Any], list[
         raise RlflowError(
             f"--candidate-samples must be at least 0, got {settings.candidate_samples}"
         )
-    if settings.deploy not in DEPLOY_MODES:
-        raise RlflowError(
-            f"unknown deploy mode {settings.deploy!r}; choose {' or '.join(DEPLOY_MODES)}"
-        )
+    Deployment(settings.deploy)  # an unknown mode is refused before any work
     if settings.candidate_samples and settings.cost not in (None, "analytic", "perop"):
         raise RlflowError(
             "--candidate-samples needs a cost model for the candidates (--cost analytic or "

@@ -7,6 +7,7 @@ The env, the search baselines and the dream all drive this one object (CompilerG
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,8 +190,10 @@ class RewriteSession:
         ruleset: RuleSet | None = None,
         *,
         max_ops: int | None = None,
+        on_step: Callable[[RewriteSession], object] | None = None,
     ) -> RewriteSession:
-        """Re-apply an episode's actions to `graph`, checking every hash on the way.
+        """Re-apply an episode's actions to `graph`, checking every hash on the way;
+        `on_step(session)` after each one (a trajectory's cost curve, say).
 
         A step is found by its rule and site; should the site index another node order (the
         same graph reached by another path), by its rule and the hash it produced. Raises
@@ -207,12 +210,13 @@ class RewriteSession:
         for step, action in enumerate(state.actions, start=1):
             of_rule = [c for c in session.candidates() if c.rule.name == action.rule]
             at_site = next((c for c in of_rule if c.site == action.site), None)
+            if at_site is None or at_site.graph_hash != action.graph_hash:
+                # recorded with its site in another node order: found by what it produced
+                at_site = next((c for c in of_rule if c.graph_hash == action.graph_hash), at_site)
             if at_site is not None and at_site.graph_hash == action.graph_hash:
                 session.apply_candidate(at_site)
-                continue
-            same_result = next((c for c in of_rule if c.graph_hash == action.graph_hash), None)
-            if same_result is not None:
-                session.apply_candidate(same_result)  # recorded with its site in this order
+                if on_step is not None:
+                    on_step(session)
                 continue
             where = f"step {step} ({action.rule} at site {list(action.site)})"
             if at_site is None:

@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""The cost curve of every path a bench found on one model: where a step worse on its own paid.
+
+`rlflow bench` records, per result, the rewrites on the path from its start state to the graph
+it returned (rule, site and the hash each produced). This replays each path from the same start
+state (`RewriteSession.replay`, hash by hash) and prices every graph on it with the per-op cost
+model of offline mode (operators as written, timings cached by signature: a bench's own graphs
+are mostly in the cache already), then draws cost relative to the start against step, one line
+per method, with each method's steps that raised the cost counted. Greedy never takes such a
+step; a path that did and ended lower is a graph greedy cannot reach from there.
+
+    python scripts/trajectory_costs.py runs/l18/bench-squeezenet/results.json \\
+        --model squeezenet-1.1:medium --out docs/img/trajectories.png [--csv FILE] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rlflow.commands.common import resolve_model  # noqa: E402
+from rlflow.cost import OrtSettings  # noqa: E402
+from rlflow.cost.deploy import Deployment  # noqa: E402
+from rlflow.cost.ort_optimizer import start_state  # noqa: E402
+from rlflow.errors import RlflowError  # noqa: E402
+from rlflow.rewrite import default_ruleset  # noqa: E402
+from rlflow.rewrite.session import EpisodeState, RewriteSession  # noqa: E402
+from rlflow.search.cost import make_cost  # noqa: E402
+
+
+def cost_curve(cell: dict, settings: OrtSettings, size: str, cost) -> list[float]:
+    """Per-op cost (ms) of the start state and of every graph on the cell's path."""
+    name = cell["model"].rsplit(":", 1)[0]
+    start = start_state(resolve_model(name, size), cell["start_state"], settings).graph
+    state = EpisodeState.from_json(cell["episode"])
+    costs = [cost(start)]
+    RewriteSession.replay(
+        start, state, default_ruleset(), on_step=lambda s: costs.append(cost(s.graph))
+    )
+    return costs
+
+
+def uphill_steps(costs: list[float], tolerance: float = 1e-3) -> int:
+    """Steps that raised the cost by more than `tolerance` (relative) on their own."""
+    return sum(after > before * (1 + tolerance) for before, after in zip(costs, costs[1:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="a bench's results.json")
+    parser.add_argument("--model", required=True, help="the cells' model label, e.g. bert:medium")
+    parser.add_argument("--out", type=Path, required=True, help="the PNG to draw")
+    parser.add_argument("--csv", type=Path, help="also write method,step,cost_ms,relative")
+    parser.add_argument("--json", action="store_true", help="print a summary object")
+    args = parser.parse_args(argv)
+    try:
+        results = json.loads(args.results.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"error: cannot read {args.results}: {error}", file=sys.stderr)
+        return 2
+    cells = {
+        cell["method_spec"]: cell
+        for cell in results["cells"].values()
+        if cell["model"] == args.model and cell.get("deploy") == "offline" and cell.get("episode")
+    }
+    if not cells:
+        print(f"error: no offline result with a path for {args.model}", file=sys.stderr)
+        return 2
+    run = results["settings"]
+    settings = Deployment("offline").settings(OrtSettings(threads=run.get("threads", 1)))
+    cost = make_cost("perop", settings)
+    curves, summary = {}, {}
+    try:
+        for method, cell in cells.items():
+            curves[method] = cost_curve(cell, settings, run["size"], cost)
+    except RlflowError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    rows = []
+    for method, costs in curves.items():
+        relative = [c / costs[0] for c in costs]
+        ups = uphill_steps(costs)
+        summary[method] = {
+            "steps": len(costs) - 1,
+            "uphill_steps": ups,
+            "final_relative_cost": relative[-1],
+            "highest_relative_cost": max(relative),
+            "measured_speedup": cells[method].get("method_speedup"),
+        }
+        ax.plot(relative, label=f"{method} ({len(costs) - 1} steps, {ups} uphill)", lw=1.4)
+        rows += [(method, step, c, r) for step, (c, r) in enumerate(zip(costs, relative))]
+    ax.set_xlabel("rewrite applied (step)")
+    ax.set_ylabel("per-op cost / start state's")
+    ax.set_title(f"{args.model}: cost along each method's path (offline, per-op)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    if args.csv:
+        with args.csv.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["method", "step", "cost_ms", "relative"])
+            writer.writerows(rows)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        for method, entry in summary.items():
+            print(
+                f"{method}: {entry['steps']} steps, {entry['uphill_steps']} uphill, "
+                f"final {entry['final_relative_cost']:.3f}, "
+                f"peak {entry['highest_relative_cost']:.3f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
