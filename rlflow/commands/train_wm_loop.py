@@ -15,20 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlflow.commands import collect
 from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import check_output_dir, print_json, stderr
 from rlflow.commands.wm_settings import add_collect_env_arguments, add_common_options
 
-COLLECT_FLAGS = [
-    "episodes",
-    "size",
-    "cost",
-    "deploy",
-    "start",
-    "seed",
-    "episodes_per_shard",
-    "stop_probability",
-]
+COLLECT_FLAGS = [flag for flag in collect.FLAGS if flag not in ("policy", "candidate_samples")]
+"""collect's flags but the policy (the loop's own: random, then its controllers) and the
+candidate samples (guided search's data, not the world model's)."""
 WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "seed"]
 CONTROLLER_FLAGS = ["method", "generations", "population", "ppo_iterations", "seed"]
 
