@@ -104,6 +104,7 @@ class PPOConfig:
     hidden: int = 64  # embedding size of the GNN and the heads
     layers: int = 3  # GATv2 layers of the encoder
     heads: int = 4  # attention heads per GATv2 layer
+    init_from: str | None = None  # a PPO run whose network this one starts from (fine-tuning)
 
     # ---- the algorithm (the update's knobs: rlflow.agents.update.UpdateConfig)
     seed: int = 0  # seed of torch, numpy and the env's model draws
@@ -292,6 +293,7 @@ def train(
     resumed = load_checkpoint(run_dir) if checkpoint_path.exists() else None
     if resumed is not None:
         _check_resumable(resumed["config"], config, run_dir)
+    initial = initial_network(config) if resumed is None and config.init_from else None
     torch.set_num_threads(config.torch_threads)
     random.seed(config.seed)
     np.random.seed(config.seed)
@@ -307,7 +309,7 @@ def train(
     )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)  # once the envs are up (Ray reached)
-        return _train_in(envs, config, run_dir, resumed, progress=progress)
+        return _train_in(envs, config, run_dir, resumed, initial, progress=progress)
     finally:
         envs.close()
 
@@ -317,10 +319,12 @@ def _train_in(
     config: PPOConfig,
     run_dir: Path,
     resumed: dict[str, Any] | None,
+    initial: dict[str, Any] | None,
     *,
     progress: bool,
 ) -> dict[str, Any]:
-    """The training loop of `train`, stepping `envs` (which the caller closes)."""
+    """The training loop of `train`, stepping `envs` (which the caller closes), from the
+    `initial` checkpoint's network if given (a fresh run fine-tuning another)."""
     from tqdm import tqdm
 
     checkpoint_path = run_dir / CHECKPOINT
@@ -329,6 +333,13 @@ def _train_in(
     optimizer = torch.optim.Adam(scorer.parameters(), lr=config.learning_rate, eps=1e-5)
     global_step, update, episode, real_measurements_before, wall_before = 0, 0, 0, 0, 0.0
     progress_log: dict[str, Any] = {"kind": "ppo", "episodes": [], "updates": []}
+    if initial is not None:
+        if initial["rule_names"] != rule_names:
+            raise RlflowError(
+                f"--init-from {config.init_from} was trained on another rule set; fine-tune "
+                "with the rlflow version that trained it"
+            )
+        scorer.load_state_dict(initial["model"])
     if resumed is not None:
         if resumed["rule_names"] != rule_names:
             raise RlflowError(
@@ -549,6 +560,27 @@ def _train_in(
 
 
 # ---- run-directory helpers -----------------------------------------------------------------
+
+
+NETWORK_FIELDS = ("scorer", "hidden", "layers", "heads", "max_candidates", "max_site_nodes")
+"""The PPOConfig fields that shape the network: a run fine-tunes another only if they agree."""
+
+
+def initial_network(config: PPOConfig) -> dict[str, Any]:
+    """The checkpoint of the run `config.init_from` names, whose network a fresh run starts
+    from; RlflowError if it is missing or its network has another shape."""
+    source = load_checkpoint(str(config.init_from))
+    theirs = saved_config(source["config"])
+    differ = [n for n in NETWORK_FIELDS if theirs.get(n) != getattr(config, n)]
+    if differ:
+        details = ", ".join(
+            f"{n} {theirs.get(n)!r}, this run {getattr(config, n)!r}" for n in differ
+        )
+        raise RlflowError(
+            f"--init-from {config.init_from}: its network has another shape ({details}); "
+            "give the same network settings"
+        )
+    return source
 
 
 def _check_resumable(saved: dict[str, Any], config: PPOConfig, run_dir: Path) -> None:

@@ -89,6 +89,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-edges", type=int, metavar="M", help="padded edge count")
     parser.add_argument("--horizon", type=int, metavar="T", help="steps per episode")
     parser.add_argument(
+        "--init-from",
+        metavar="RUN_DIR",
+        help="start the network from another train-ppo run's checkpoint (fine-tuning on "
+        "--model; same rule set and network settings)",
+    )
+    parser.add_argument(
         "--portable", action="store_true", default=None, help="only standard-ONNX rules"
     )
     rerun = parser.add_mutually_exclusive_group()
@@ -125,6 +131,7 @@ FLAG_FIELDS = {
     "max_edges": "max_edges",
     "horizon": "horizon",
     "portable": "portable",
+    "init_from": "init_from",
 }
 """argparse destination -> PPOConfig field, for the flags that override the config."""
 
@@ -187,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     for run_dir in run_dirs.values():
         if args.resume and not (run_dir / CHECKPOINT).is_file():
             raise RlflowError(f"--resume: no PPO checkpoint at {run_dir / CHECKPOINT}")
+    if args.init_from and not (Path(args.init_from) / CHECKPOINT).is_file():
+        raise RlflowError(f"--init-from: no PPO checkpoint at {Path(args.init_from) / CHECKPOINT}")
         if not args.model and not args.config and not (run_dir / "config.yaml").is_file():
             raise RlflowError("give --model (one or more zoo names or .onnx paths)")
 

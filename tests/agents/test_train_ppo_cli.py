@@ -121,3 +121,39 @@ def test_the_command_knows_where_checkpoints_are() -> None:
     from rlflow.commands import train_ppo
 
     assert train_ppo.CHECKPOINT == CHECKPOINT
+
+
+def test_init_from_fine_tunes_another_runs_network(tmp_path, capsys) -> None:
+    """--init-from: a fresh run on another model starts from the source run's weights (with a
+    learning rate of 0 it ends on them exactly; without --init-from it does not), and is
+    refused for a missing checkpoint or a network of another shape."""
+    net = "episodes_per_update: 2\nhidden: 16\nheads: 2\nlayers: 1\n"
+    (tmp_path / "ppo.yaml").write_text(net)
+    (tmp_path / "frozen.yaml").write_text(net + "learning_rate: 0.0\n")
+    source = tmp_path / "source"
+    code, _, err = rlflow(capsys, "train-ppo", *TINY, "--config", str(tmp_path / "ppo.yaml"),
+                          "--total-steps", "10", "--out", str(source))  # fmt: skip
+    assert code == 0, err
+    trained = load_checkpoint(source)["model"]
+    frozen = ("--config", str(tmp_path / "frozen.yaml"), "--model", "squeezenet-1.1")
+    for out, init in ((tmp_path / "tuned", ("--init-from", str(source))), (tmp_path / "fresh", ())):
+        code, _, err = rlflow(
+            capsys, "train-ppo", *TINY, *frozen, "--total-steps", "10", *init, "--out", str(out)
+        )
+        assert code == 0, err
+    tuned, fresh = load_checkpoint(tmp_path / "tuned"), load_checkpoint(tmp_path / "fresh")
+    assert all((tuned["model"][name] == tensor).all() for name, tensor in trained.items())
+    assert not all((fresh["model"][name] == tensor).all() for name, tensor in trained.items())
+    saved = yaml.safe_load((tmp_path / "tuned" / "config.yaml").read_text())
+    assert saved["init_from"] == str(source) and saved["models"] == ["squeezenet-1.1"]
+
+    missing = ("--init-from", str(tmp_path / "none"), "--out", str(tmp_path / "x"))
+    assert_one_line_error(
+        rlflow(capsys, "train-ppo", *TINY, *missing), "--init-from: no PPO checkpoint"
+    )
+    other_shape = ("--init-from", str(source), "--out", str(tmp_path / "y"))
+    assert_one_line_error(
+        rlflow(capsys, "train-ppo", *TINY, *other_shape),
+        "its network has another shape",
+        "hidden 16, this run 64",
+    )
