@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Learners beside the searches, per model: deployable speedup over seeds and what training cost.
+
+Reads `rlflow bench` report directories whose methods include trained agents (`agent:RUN_DIR`,
+one run per seed: `.../NAME/seed-S`). Every result of a model was timed in one interleaved run
+against the original under onnxruntime's defaults, so the speedups compare directly. Agents are
+grouped by NAME (the seeds' parent directory) into mean, min and max; beside them, what their
+training spent in the real environment: env steps and end-to-end measurements (a PPO run's
+progress.json; a controller's from the data directory its world model was trained on; a
+fine-tuned run adds the run it started from, `init_from`).
+
+    python scripts/learners_table.py runs/l18/bench-bert runs/l18/bench-squeezenet \\
+        --png docs/img/learners_medium.png > learners.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+import yaml
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def training_cost(run_dir: Path) -> tuple[int, int]:
+    """(real env steps, end-to-end measurements) that training the agent in `run_dir` took."""
+    config = read_yaml(run_dir / "config.yaml")
+    if config.get("kind") == "controller":  # the dream is free; the data it learnt from is not
+        data = Path(read_yaml(Path(config["wm"]) / "config.yaml")["data"])
+        totals = json.loads((data / "manifest.json").read_text())["totals"]
+        return int(totals["real_env_steps"]), int(totals["real_measurements"])
+    progress = json.loads((run_dir / "progress.json").read_text())
+    steps, measurements = int(progress["global_step"]), int(progress["real_measurements"])
+    if config.get("init_from"):
+        before = training_cost(Path(config["init_from"]))
+        steps, measurements = steps + before[0], measurements + before[1]
+    return steps, measurements
+
+
+def rows_of(report: Path) -> dict[str, dict[str, list]]:
+    """model -> method group -> [(speedup, steps, measurements, label)] of one bench report."""
+    results = json.loads((report / "results.json").read_text())
+    rows: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for cell in results["cells"].values():
+        if cell.get("deploy") != "offline":
+            continue
+        comparison = results["comparisons"][f"{cell['model']}|offline"]
+        speedup = comparison["speedup"].get(cell["graph_hash"], 1.0)
+        spec = cell["method_spec"]
+        if spec.startswith("agent:"):
+            run_dir = Path(spec[len("agent:") :])
+            group = run_dir.parent.name if run_dir.name.startswith("seed-") else run_dir.name
+            steps, measurements = training_cost(run_dir)
+            rows[cell["model"]][group].append((speedup, steps, measurements, run_dir.name))
+        else:
+            rows[cell["model"]][spec].append((speedup, 0, 0, spec))
+    return rows
+
+
+def peers_of(report: Path) -> dict[str, tuple[float, str]]:
+    results = json.loads((report / "results.json").read_text())
+    return {model: (peer["speedup"], peer["knob"]) for model, peer in results["peers"].items()}
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def markdown(rows: dict, peers: dict) -> str:
+    lines = [
+        "| model | method | seeds | speedup (mean) | min - max | / peer | real env steps "
+        "(training) | end-to-end measurements (training) |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for model in sorted(rows):
+        peer, knob = peers.get(model, (None, ""))
+        for group, entries in rows[model].items():
+            speedups = [entry[0] for entry in entries]
+            mean = geomean(speedups)
+            spread = f"{min(speedups):.3f} - {max(speedups):.3f}" if len(entries) > 1 else ""
+            ratio = f"{mean / peer:.3f}" if peer else ""
+            steps = sum(entry[1] for entry in entries) // len(entries)
+            measured = sum(entry[2] for entry in entries) // len(entries)
+            lines.append(
+                f"| {model} | {group} | {len(entries)} | **{mean:.3f}x** | {spread} | {ratio} "
+                f"| {steps or ''} | {measured if steps else ''} |"
+            )
+        if peer:
+            lines.append(f"| {model} | tuning peer ({knob}) | | {peer:.3f}x | | 1.000 | | |")
+    return "\n".join(lines)
+
+
+def plot(rows: dict, peers: dict, path: Path) -> None:
+    models = sorted(rows)
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        groups = list(rows[model])
+        for x, group in enumerate(groups):
+            speedups = [entry[0] for entry in rows[model][group]]
+            ax.bar(x, geomean(speedups), color="#9ecae1" if len(speedups) > 1 else "#c7c7c7")
+            ax.scatter([x] * len(speedups), speedups, color="black", s=12, zorder=3)
+        if model in peers:
+            ax.axhline(peers[model][0], color="#d62728", ls="--", lw=1, label="tuning peer")
+            ax.legend(fontsize=7, loc="lower right")
+        ax.axhline(1.0, color="black", lw=0.6)
+        ax.set_xticks(range(len(groups)), groups, rotation=35, ha="right", fontsize=7)
+        ax.set_title(model, fontsize=9)
+        ax.set_ylabel("speedup vs ORT defaults (offline)")
+        low = min(entry[0] for entries in rows[model].values() for entry in entries)
+        ax.set_ylim(min(0.95, low - 0.02), None)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=Path, help="rlflow bench report directories")
+    parser.add_argument("--png", type=Path, help="also draw the speedups (seeds as dots)")
+    args = parser.parse_args(argv)
+    rows: dict = {}
+    peers: dict = {}
+    try:
+        for report in args.reports:
+            rows.update(rows_of(report))
+            peers.update(peers_of(report))
+    except (OSError, KeyError, json.JSONDecodeError, yaml.YAMLError) as error:
+        print(f"error: cannot read the reports: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    print(markdown(rows, peers))
+    if args.png:
+        plot(rows, peers, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
