@@ -113,6 +113,15 @@ def save_run_config(run_dir: Path, kind: str, values: dict[str, Any]) -> None:
     write_bytes_atomic(Path(run_dir) / "config.yaml", text.encode("utf-8"))
 
 
+def run_name(run_dir: str | Path) -> str:
+    """How tables name a run directory: its name, with its parent's for one of several seeds
+    (`runs/ppo-sq/seed-0` -> `ppo-sq/seed-0`, as `--seeds` lays them out)."""
+    run_dir = Path(run_dir)
+    if run_dir.name.startswith("seed-") and run_dir.parent.name:
+        return f"{run_dir.parent.name}/{run_dir.name}"
+    return run_dir.name
+
+
 def run_kind(run_dir: str | Path, label: str, what: str) -> tuple[Path, Any]:
     """(the run directory, the `kind` its config.yaml names, None if none): the check every
     `agent:`, `guided:` and `regal:` spec starts with. RlflowError, naming the `label` of run

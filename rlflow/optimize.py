@@ -31,6 +31,7 @@ from typing import Any
 from rlflow.advantage.spec import is_guided_spec, parse_guided
 from rlflow.agents.regal import is_regal_spec, parse_regal
 from rlflow.agents.spec import AgentSpec, is_agent_spec, parse_agent
+from rlflow.config import run_name
 from rlflow.cost import Deployment, EquivalenceReport, OrtSettings, Runner, check_equivalence
 from rlflow.cost.equivalence import FINAL_SEEDS, MAGNITUDES
 from rlflow.cost.handback import HandedBack, hand_back
@@ -108,9 +109,9 @@ class Method:
     def label(self) -> str:
         """A short name for tables: `taso`, or `agent:RUN_DIR_NAME`."""
         if self.regal is not None:
-            return f"regal:{self.regal.name}"
+            return f"regal:{run_name(self.regal)}"
         if self.guide is not None:
-            return f"guided:{self.guide.name}"
+            return f"guided:{run_name(self.guide)}"
         return self.agent.label if self.agent is not None else self.name
 
     def __str__(self) -> str:

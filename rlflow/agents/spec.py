@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlflow.config import run_kind
+from rlflow.config import run_kind, run_name
 from rlflow.errors import RlflowError
 
 AGENT_PREFIX = "agent:"
@@ -29,8 +29,9 @@ class AgentSpec:
 
     @property
     def label(self) -> str:
-        """A short name for tables: `agent:runs/ppo-sq/` -> `agent:ppo-sq`."""
-        return AGENT_PREFIX + self.run_dir.name
+        """A short name for tables: `agent:runs/ppo-sq/` -> `agent:ppo-sq`, and
+        `agent:runs/ppo-sq/seed-0` -> `agent:ppo-sq/seed-0`."""
+        return AGENT_PREFIX + run_name(self.run_dir)
 
     def __str__(self) -> str:
         return f"{AGENT_PREFIX}{self.run_dir}"

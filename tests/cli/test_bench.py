@@ -132,3 +132,18 @@ def test_rules_cell_names_the_three_most_used_then_counts_the_rest():
         "conv-batchnorm-fold x53, conv-relu-to-fusedconv x33, gelu-fusion x2, +1 more"
     )
     assert format_rules({}) == format_rules(None) == "none"
+
+
+def test_seed_runs_of_two_agents_get_distinct_labels(tmp_path):
+    """`train-ppo --seeds` lays runs out as RUN_DIR/seed-S: tables name them with their parent
+    (two agents' seed-0 runs used to share the label `agent:seed-0` and bench refused them)."""
+    from rlflow.optimize import Method
+
+    for name in ("ppo-a", "ppo-b"):
+        (tmp_path / name / "seed-0").mkdir(parents=True)
+        (tmp_path / name / "seed-0" / "config.yaml").write_text("kind: ppo\n")
+    labels = [
+        Method.parse(f"agent:{tmp_path / name / 'seed-0'}").label for name in ("ppo-a", "ppo-b")
+    ]
+    assert labels == ["agent:ppo-a/seed-0", "agent:ppo-b/seed-0"]
+    assert Method.parse(f"agent:{tmp_path / 'ppo-a' / 'seed-0'}").agent.kind == "ppo"
