@@ -73,6 +73,13 @@ def peers_of(report: Path) -> dict[str, tuple[float, str]]:
     return {model: (peer["speedup"], peer["knob"]) for model, peer in results["peers"].items()}
 
 
+def ordered(groups: dict[str, list]) -> list[tuple[str, list]]:
+    """The searches first (in bench order), then the trained agents by name."""
+    searches = [(name, entries) for name, entries in groups.items() if not entries[0][1]]
+    agents = sorted((name, entries) for name, entries in groups.items() if entries[0][1])
+    return searches + agents
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -85,7 +92,7 @@ def markdown(rows: dict, peers: dict) -> str:
     ]
     for model in sorted(rows):
         peer, knob = peers.get(model, (None, ""))
-        for group, entries in rows[model].items():
+        for group, entries in ordered(rows[model]):
             speedups = [entry[0] for entry in entries]
             mean = geomean(speedups)
             spread = f"{min(speedups):.3f} - {max(speedups):.3f}" if len(entries) > 1 else ""
@@ -105,7 +112,7 @@ def plot(rows: dict, peers: dict, path: Path) -> None:
     models = sorted(rows)
     fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
-        groups = list(rows[model])
+        groups = [group for group, _ in ordered(rows[model])]
         for x, group in enumerate(groups):
             speedups = [entry[0] for entry in rows[model][group]]
             ax.bar(x, geomean(speedups), color="#9ecae1" if len(speedups) > 1 else "#c7c7c7")
