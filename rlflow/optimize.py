@@ -266,8 +266,15 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
     cost.reset_count()
     if progress is not None:
         progress.set_postfix_str(f"{options.episodes} {agent.kind} rollouts", refresh=True)
+    # `start` is where the agent begins (the start state chosen here), not a model to which the
+    # start of the agent's training env (onnxruntime's graph, say) would be applied again.
     sessions = policy_rollouts(
-        policy, start, episodes=options.episodes, seed=options.seed, size=options.size
+        policy,
+        start,
+        episodes=options.episodes,
+        seed=options.seed,
+        size=options.size,
+        env_overrides={"start": "original"},
     )
     board = Board(options.top_k)
     for session in sessions:

@@ -6,8 +6,8 @@ it returned (rule, site and the hash each produced). This replays each path from
 state (`RewriteSession.replay`, hash by hash) and prices every graph on it with the per-op cost
 model of offline mode (operators as written, timings cached by signature: a bench's own graphs
 are mostly in the cache already), then draws cost relative to the start against step, one line
-per method, with each method's steps that raised the cost counted. Greedy never takes such a
-step; a path that did and ended lower is a graph greedy cannot reach from there.
+per method, with each method's steps that did not lower the cost on their own counted. Greedy
+never takes such a step; a path that did and ended lower reached a graph greedy cannot.
 
     python scripts/trajectory_costs.py runs/l18/bench-squeezenet/results.json \\
         --model squeezenet-1.1:medium --out docs/img/trajectories.png [--csv FILE] [--json]
@@ -48,9 +48,10 @@ def cost_curve(cell: dict, settings: OrtSettings, size: str, cost) -> list[float
     return costs
 
 
-def uphill_steps(costs: list[float], tolerance: float = 1e-3) -> int:
-    """Steps that raised the cost by more than `tolerance` (relative) on their own."""
-    return sum(after > before * (1 + tolerance) for before, after in zip(costs, costs[1:]))
+def idle_steps(costs: list[float], tolerance: float = 1e-9) -> int:
+    """Steps that did not lower the cost by more than `tolerance` (relative) on their own: a
+    greedy search never takes one (it stops where no step improves)."""
+    return sum(after > before * (1 - tolerance) for before, after in zip(costs, costs[1:]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read {args.results}: {error}", file=sys.stderr)
         return 2
     cells = {
-        cell["method_spec"]: cell
+        cell["method"]: cell
         for cell in results["cells"].values()
         if cell["model"] == args.model and cell.get("deploy") == "offline" and cell.get("episode")
     }
@@ -88,15 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for method, costs in curves.items():
         relative = [c / costs[0] for c in costs]
-        ups = uphill_steps(costs)
+        idle = idle_steps(costs)
         summary[method] = {
             "steps": len(costs) - 1,
-            "uphill_steps": ups,
+            "steps_not_improving": idle,
             "final_relative_cost": relative[-1],
             "highest_relative_cost": max(relative),
             "measured_speedup": cells[method].get("method_speedup"),
         }
-        ax.plot(relative, label=f"{method} ({len(costs) - 1} steps, {ups} uphill)", lw=1.4)
+        label = f"{method}: {len(costs) - 1} steps, {idle} not improving on their own"
+        greedy = method == "greedy"  # dashed on top: taso's path often starts as greedy's
+        ax.plot(relative, label=label, lw=2.2 if greedy else 1.4, ls="--" if greedy else "-",
+                zorder=3 if greedy else 2)  # fmt: skip
         rows += [(method, step, c, r) for step, (c, r) in enumerate(zip(costs, relative))]
     ax.set_xlabel("rewrite applied (step)")
     ax.set_ylabel("per-op cost / start state's")
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for method, entry in summary.items():
             print(
-                f"{method}: {entry['steps']} steps, {entry['uphill_steps']} uphill, "
+                f"{method}: {entry['steps']} steps, {entry['steps_not_improving']} not improving, "
                 f"final {entry['final_relative_cost']:.3f}, "
                 f"peak {entry['highest_relative_cost']:.3f}"
             )

@@ -236,7 +236,7 @@ def _env_description(settings: CollectSettings) -> dict[str, Any]:
 
     policy = load_policy(settings.policy, settings.stop_probability)
     env = make_env(settings, policy.env_config)
-    given = {**policy.env_config, **settings.env}  # what make_env passed besides size, cost
+    given = {**policy.env_config, **settings.env_kwargs()}  # what make_env passed
     try:
         unwrapped = env.unwrapped
         return {
@@ -257,6 +257,8 @@ def _env_description(settings: CollectSettings) -> dict[str, Any]:
                 "max_site_nodes": unwrapped.max_site_nodes,
                 "invalid_action_penalty": unwrapped.invalid_action_penalty,
                 "portable": bool(given.get("portable", False)),
+                "deploy": unwrapped.deployment.mode,
+                "start": unwrapped.start,
                 "max_episode_steps": settings.max_episode_steps,
             },
         }
