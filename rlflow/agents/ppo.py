@@ -334,19 +334,14 @@ def _train_in(
     global_step, update, episode, real_measurements_before, wall_before = 0, 0, 0, 0, 0.0
     progress_log: dict[str, Any] = {"kind": "ppo", "episodes": [], "updates": []}
     if initial is not None:
-        if initial["rule_names"] != rule_names:
-            raise RlflowError(
-                f"--init-from {config.init_from} was trained on another rule set; fine-tune "
-                "with the rlflow version that trained it"
-            )
-        scorer.load_state_dict(initial["model"])
+        what, remedy = (
+            f"--init-from {config.init_from}",
+            "fine-tune with the rlflow version that trained it",
+        )
+        _load_network(scorer, initial, rule_names, what, remedy)
     if resumed is not None:
-        if resumed["rule_names"] != rule_names:
-            raise RlflowError(
-                f"{checkpoint_path} was trained on another rule set; resume it with the same "
-                "rlflow version, or train into a new --out"
-            )
-        scorer.load_state_dict(resumed["model"])
+        remedy = "resume it with the same rlflow version, or train into a new --out"
+        _load_network(scorer, resumed, rule_names, str(checkpoint_path), remedy)
         optimizer.load_state_dict(resumed["optimizer"])
         global_step, update = resumed["global_step"], resumed["update"]
         episode = resumed["episodes"]
@@ -560,6 +555,20 @@ def _train_in(
 
 
 # ---- run-directory helpers -----------------------------------------------------------------
+
+
+def _load_network(
+    scorer: CandidateScorer,
+    checkpoint: dict[str, Any],
+    rule_names: list[str],
+    what: str,
+    remedy: str,
+) -> None:
+    """Load a checkpoint's network into `scorer`, refusing one trained on another rule set
+    (its candidate slots would mean other rules)."""
+    if checkpoint["rule_names"] != rule_names:
+        raise RlflowError(f"{what} was trained on another rule set; {remedy}")
+    scorer.load_state_dict(checkpoint["model"])
 
 
 NETWORK_FIELDS = ("scorer", "hidden", "layers", "heads", "max_candidates", "max_site_nodes")
