@@ -205,3 +205,6 @@ def test_collect_runs_offline_from_the_start_state_it_is_given(tmp_path):
         collect(replace(original, deploy="online"), tmp_path / "original", progress=False)
     with pytest.raises(RlflowError, match="unknown deploy mode"):
         collect(replace(original, deploy="sideways"), tmp_path / "bad", progress=False)
+    with pytest.raises(RlflowError, match="unknown start state"):
+        collect(replace(original, start="ort:bogus"), tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written
