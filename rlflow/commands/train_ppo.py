@@ -194,10 +194,10 @@ def run(args: argparse.Namespace) -> int:
     for run_dir in run_dirs.values():
         if args.resume and not (run_dir / CHECKPOINT).is_file():
             raise RlflowError(f"--resume: no PPO checkpoint at {run_dir / CHECKPOINT}")
-    if args.init_from and not (Path(args.init_from) / CHECKPOINT).is_file():
-        raise RlflowError(f"--init-from: no PPO checkpoint at {Path(args.init_from) / CHECKPOINT}")
         if not args.model and not args.config and not (run_dir / "config.yaml").is_file():
             raise RlflowError("give --model (one or more zoo names or .onnx paths)")
+    if args.init_from and not (Path(args.init_from) / CHECKPOINT).is_file():
+        raise RlflowError(f"--init-from: no PPO checkpoint at {Path(args.init_from) / CHECKPOINT}")
 
     from rlflow.agents.ppo import load_checkpoint, train
 
