@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rlflow.agents.spec import is_agent_spec, parse_agent
-from rlflow.cost import OrtSettings
 from rlflow.cost.deploy import Deployment
-from rlflow.cost.ort_optimizer import knob_of
+from rlflow.cost.ort_optimizer import check_start_name
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.data import (
     MANIFEST,
@@ -281,8 +280,7 @@ def prepare(settings: CollectSettings, out: Path) -> tuple[dict[str, Any], list[
             f"--candidate-samples must be at least 0, got {settings.candidate_samples}"
         )
     Deployment(settings.deploy)  # an unknown mode or start state is refused before any work
-    if settings.start != "original":
-        knob_of(settings.start, OrtSettings())
+    check_start_name(settings.start)
     if settings.candidate_samples and settings.cost not in (None, "analytic", "perop"):
         raise RlflowError(
             "--candidate-samples needs a cost model for the candidates (--cost analytic or "

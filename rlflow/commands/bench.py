@@ -145,8 +145,8 @@ def _split(values: list[str] | str) -> list[str]:
 
 def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     """Config values overridden by the flags given; checked. `methods` become `Method`s."""
-    from rlflow.cost import DEPLOY_MODES, OrtSettings
-    from rlflow.cost.ort_optimizer import knob_of
+    from rlflow.cost import DEPLOY_MODES
+    from rlflow.cost.ort_optimizer import check_start_name
 
     options = load_config(args.config)
     flags = {
@@ -172,8 +172,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     for mode in options["deploys"]:
         if mode not in DEPLOY_MODES:
             raise RlflowError(f"unknown deploy mode {mode!r}; choose from offline, online")
-    if options["start"] not in ("best", "original"):
-        knob_of(str(options["start"]), OrtSettings())  # a one-line error for a bad name
+    if options["start"] != "best":
+        check_start_name(str(options["start"]))
     if options["size"] not in ("small", "medium", "full"):
         raise RlflowError(f"size must be small, medium or full, got {options['size']!r}")
     for key, minimum in (("budget", 1), ("episodes", 1), ("top_k", 1), ("threads", 1)):

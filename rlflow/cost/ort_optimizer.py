@@ -122,6 +122,13 @@ def knob_of(name: str, base: OrtSettings) -> OrtSettings:
     return replace(base, ort_level=level, disabled=tuple(disabled))
 
 
+def check_start_name(name: str) -> None:
+    """RlflowError, in one line, for a name that is neither `original` nor one of
+    onnxruntime's graphs: what a command checks before any work."""
+    if name != "original":
+        knob_of(name, OrtSettings())
+
+
 def start_state(model: Graph, name: str, base: OrtSettings) -> StartState:
     """One start state by name: `original` (as written, declared offline) or `ort:...`."""
     if name == "original":
