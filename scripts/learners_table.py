@@ -48,9 +48,8 @@ def training_cost(run_dir: Path) -> tuple[int, int]:
     return steps, measurements
 
 
-def rows_of(report: Path) -> dict[str, dict[str, list]]:
-    """model -> method group -> [(speedup, steps, measurements, label)] of one bench report."""
-    results = json.loads((report / "results.json").read_text())
+def rows_of(results: dict) -> dict[str, dict[str, list]]:
+    """model -> method group -> [(speedup, steps, measurements, label)] of one bench's results."""
     rows: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for cell in results["cells"].values():
         if cell.get("deploy") != "offline":
@@ -68,8 +67,7 @@ def rows_of(report: Path) -> dict[str, dict[str, list]]:
     return rows
 
 
-def peers_of(report: Path) -> dict[str, tuple[float, str]]:
-    results = json.loads((report / "results.json").read_text())
+def peers_of(results: dict) -> dict[str, tuple[float, str]]:
     return {model: (peer["speedup"], peer["knob"]) for model, peer in results["peers"].items()}
 
 
@@ -140,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     peers: dict = {}
     try:
         for report in args.reports:
-            rows.update(rows_of(report))
-            peers.update(peers_of(report))
+            results = json.loads((report / "results.json").read_text())
+            rows.update(rows_of(results))
+            peers.update(peers_of(results))
     except (OSError, KeyError, json.JSONDecodeError, yaml.YAMLError) as error:
         print(f"error: cannot read the reports: {type(error).__name__}: {error}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import sys
 from pathlib import Path
@@ -31,15 +32,22 @@ from rlflow.cost import OrtSettings  # noqa: E402
 from rlflow.cost.deploy import Deployment  # noqa: E402
 from rlflow.cost.ort_optimizer import start_state  # noqa: E402
 from rlflow.errors import RlflowError  # noqa: E402
+from rlflow.graph import Graph  # noqa: E402
 from rlflow.rewrite import default_ruleset  # noqa: E402
 from rlflow.rewrite.session import EpisodeState, RewriteSession  # noqa: E402
 from rlflow.search.cost import make_cost  # noqa: E402
 
 
+@functools.cache
+def start_graph(label: str, start: str, settings: OrtSettings, size: str) -> Graph:
+    """The start state a bench's cells of one model began from (onnxruntime's graph is built
+    once per model, not once per method)."""
+    return start_state(resolve_model(label.rsplit(":", 1)[0], size), start, settings).graph
+
+
 def cost_curve(cell: dict, settings: OrtSettings, size: str, cost) -> list[float]:
     """Per-op cost (ms) of the start state and of every graph on the cell's path."""
-    name = cell["model"].rsplit(":", 1)[0]
-    start = start_state(resolve_model(name, size), cell["start_state"], settings).graph
+    start = start_graph(cell["model"], cell["start_state"], settings, size)
     state = EpisodeState.from_json(cell["episode"])
     costs = [cost(start)]
     RewriteSession.replay(
