@@ -11,16 +11,13 @@ import time
 
 from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import (
+    add_env_arguments,
     check_cost_table,
     check_output_dir,
     cost_type,
     print_json,
 )
-from rlflow.commands.wm_settings import (
-    add_collect_env_arguments,
-    add_common_options,
-    settings_from,
-)
+from rlflow.commands.wm_settings import add_common_options, settings_from
 
 FLAGS = [
     "episodes",
@@ -71,7 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(a cost table's per-op times: rlflow costs collect; default perop offline, analytic "
         "online)",
     )
-    add_collect_env_arguments(parser)
+    add_env_arguments(parser)
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")

@@ -47,6 +47,22 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--deploy` and `--start`: how a training or collecting env runs graphs and where its
+    episodes begin (train-ppo, collect, train-wm-loop)."""
+    parser.add_argument(
+        "--deploy",
+        choices=("offline", "online"),
+        help="how graphs run (default offline: as written, as rlflow optimize hands them back)",
+    )
+    parser.add_argument(
+        "--start",
+        metavar="STATE",
+        help="where episodes begin: original (default) or onnxruntime's graph, ort:all, "
+        "ort:all-PASS, ...",
+    )
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """`--threads` of the commands that run small torch networks (collect, train-*)."""
     parser.add_argument(

@@ -18,6 +18,7 @@ from typing import Any
 
 from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import (
+    add_env_arguments,
     check_cost_table,
     check_output_dir,
     cost_type,
@@ -54,14 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--measure-every", type=int, metavar="N", help="steps between end-to-end checks (10)"
     )
-    parser.add_argument(
-        "--deploy", choices=("offline", "online"), help="how graphs run (default offline)"
-    )
-    parser.add_argument(
-        "--start",
-        metavar="STATE",
-        help="where episodes begin: original (default) or onnxruntime's graph, ort:all, ...",
-    )
+    add_env_arguments(parser)
     parser.add_argument(
         "--num-envs", type=int, metavar="E", help="envs stepped together (default 1)"
     )

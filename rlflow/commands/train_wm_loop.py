@@ -17,8 +17,8 @@ from typing import Any
 
 from rlflow.commands import collect
 from rlflow.commands.backend import add_backend_arguments, check_backend
-from rlflow.commands.common import check_output_dir, print_json, stderr
-from rlflow.commands.wm_settings import add_collect_env_arguments, add_common_options
+from rlflow.commands.common import add_env_arguments, check_output_dir, print_json, stderr
+from rlflow.commands.wm_settings import add_common_options
 
 COLLECT_FLAGS = [flag for flag in collect.FLAGS if flag not in ("policy", "candidate_samples")]
 """collect's flags but the policy (the loop's own: random, then its controllers) and the
@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e"),
         help="env reward cost (default perop offline, analytic online)",
     )
-    add_collect_env_arguments(parser)
+    add_env_arguments(parser)
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance")
     parser.add_argument("--latent", type=int, help="size of z (32)")

@@ -25,22 +25,6 @@ def add_common_options(parser: argparse.ArgumentParser, run: Callable[..., int])
     parser.set_defaults(run=run)
 
 
-def add_collect_env_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--deploy` and `--start`: how the collecting env runs graphs and where its episodes
-    begin (collect and train-wm-loop, as train-ppo's)."""
-    parser.add_argument(
-        "--deploy",
-        choices=("offline", "online"),
-        help="how graphs run (default offline: as written, as rlflow optimize hands them back)",
-    )
-    parser.add_argument(
-        "--start",
-        metavar="STATE",
-        help="where episodes begin: original (default) or onnxruntime's graph, ort:all, "
-        "ort:all-PASS, ...",
-    )
-
-
 def settings_from(
     args: argparse.Namespace, cls: type[T], section: str, flags: list[str], **given: Any
 ) -> T:
