@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Search methods compared per cost evaluation (issue 19; docs/BENCHMARKS.md, "Search").
 
-For each model, method and seed: run the search from the original graph (zoo model at --size,
-offline settings: graphs as written) with the ANALYTIC cost only, and record the best cost
-seen relative to the start graph's -- the speedup in cost-model terms, start cost / best cost
--- after each evaluation. Nothing is timed: the analytic roofline is deterministic (given the
-machine peaks it reads, measured once per machine and cached), and the search functions are
-stopped by their cost once the evaluation budget is spent, so the end-to-end timing every
-search ends with (`rlflow.search.base.finish`) never runs.
+For each model, method and seed: run the search from a start state (`--start`: the original
+graph by default, or one of onnxruntime's graphs, `ort:all`; zoo model at --size, offline
+settings: graphs as written) and record the best cost seen relative to the start graph's -- the
+speedup in cost-model terms, start cost / best cost -- after each evaluation. The cost
+(`--cost`) is the analytic roofline (the default: deterministic, nothing timed) or the
+offline environment's per-op measured cost (`perop`: each distinct operator timed once in
+onnxruntime and cached on disk, then a fixed table: reruns reproduce the curves; searches then
+run one at a time, `--jobs 1`). The search functions are stopped by their cost once the
+evaluation budget is spent, so the end-to-end timing every search ends with
+(`rlflow.search.base.finish`) never runs.
 
 An evaluation is a distinct graph costed (`SearchResult.evaluated`'s unit; the start graph is
 not counted): a graph costed again is a memoised lookup, as a measured cost would be. The
@@ -36,12 +39,14 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from rlflow.cost import AnalyticCostModel, Deployment, OrtSettings, machine_peaks
+from rlflow.cost import AnalyticCostModel, Deployment, OrtSettings, PerOpCostModel, machine_peaks
+from rlflow.cost.ort_optimizer import check_start_name, start_state
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_json_atomic, write_text_atomic
 from rlflow.graph import Graph, load_model
@@ -62,12 +67,14 @@ class BudgetSpent(Exception):
 
 
 class CurveCost(SearchCost):
-    """The analytic cost, recording the best cost after each distinct graph costed and
-    stopping the search (`BudgetSpent`) at the first graph beyond `budget`. The first graph
+    """A cost (analytic or per-op), recording the best cost after each distinct graph costed
+    and stopping the search (`BudgetSpent`) at the first graph beyond `budget`. The first graph
     asked for is the start graph: it sets `start_cost` and is not counted."""
 
-    def __init__(self, analytic: AnalyticCostModel, settings: OrtSettings, budget: int) -> None:
-        super().__init__("analytic", analytic.cost_ms, settings)
+    def __init__(
+        self, name: str, cost_ms: Callable[[Graph], float], settings: OrtSettings, budget: int
+    ) -> None:
+        super().__init__(name, cost_ms, settings)
         self.budget = budget
         self.start_cost: float | None = None
         self.best = float("inf")
@@ -120,8 +127,13 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
 
     model, method, seed, budget = task["model"], task["method"], task["seed"], task["budget"]
     settings = Deployment("offline").settings(OrtSettings()).resolved()
-    graph = load_model(cached_path(model, task["size"]))
-    cost = CurveCost(AnalyticCostModel(machine_peaks(settings)), settings, budget)
+    original = load_model(cached_path(model, task["size"]))
+    graph = start_state(original, task["start"], settings).graph
+    if task["cost"] == "perop":
+        cost_ms = PerOpCostModel(settings).cost_ms
+    else:
+        cost_ms = AnalyticCostModel(machine_peaks(settings)).cost_ms
+    cost = CurveCost(task["cost"], cost_ms, settings, budget)
     session = RewriteSession(graph, default_ruleset(), model=model)
     own = budget * OWN_BUDGET_FACTOR
     label, _, run_dir = method.partition(":")
@@ -210,7 +222,7 @@ def format_reach(reach: list[int | None]) -> str:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        f"`{meta['command']}` ({meta['date']}; analytic cost, nothing timed; "
+        f"`{meta['command']}` ({meta['date']}; {meta['cost']}; start {meta['start']}; "
         f"{meta['evaluations']} evaluations = distinct graphs costed; seeds "
         f"{', '.join(map(str, meta['seeds']))}; taso deterministic, run once)",
         "",
@@ -255,7 +267,7 @@ def plot(runs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(
-        f"analytic cost, nothing timed; zoo {meta['size']}; seeds "
+        f"{meta['cost']}; start {meta['start']}; zoo {meta['size']}; seeds "
         f"{', '.join(map(str, meta['seeds']))}; {meta['date']}",
         fontsize=10,
     )
@@ -275,6 +287,15 @@ def main(argv: list[str] | None = None) -> int:
         default=["random", "taso", "brkga"],
         help="random, taso, brkga, guided:RUN_DIR, regal:RUN_DIR",
     )
+    parser.add_argument(
+        "--cost",
+        choices=("analytic", "perop"),
+        default="analytic",
+        help="analytic (nothing timed) or perop (the offline env's measured per-op cost)",
+    )
+    parser.add_argument(
+        "--start", default="original", help="start state: original (default) or ort:LEVEL[-PASS]"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--evaluations", type=int, default=400, help="budget per search")
     parser.add_argument(
@@ -284,6 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.evaluations < 1:
         print("error: --evaluations must be at least 1", file=sys.stderr)
+        return 2
+    if args.cost == "perop" and args.jobs > 1:
+        print(
+            "error: --cost perop times operators: searches run one at a time (--jobs 1)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        check_start_name(args.start)
+    except RlflowError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     for method in args.methods:
         if method_label(method) not in ("random", "taso", "brkga", "guided", "regal"):
@@ -300,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             "seed": seed,
             "budget": args.evaluations,
             "size": args.size,
+            "cost": args.cost,
+            "start": args.start,
         }
         for model in args.models
         for method in args.methods
@@ -311,7 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "seeds": args.seeds,
         "evaluations": args.evaluations,
-        "cost": "analytic (no timing)",
+        "cost": {"analytic": "analytic cost, nothing timed", "perop": "per-op measured cost"}[
+            args.cost
+        ],
+        "start": args.start,
     }
     out = Path(args.out)
     paths = {suffix: out.with_name(f"{out.name}.{suffix}") for suffix in ("json", "md", "png")}

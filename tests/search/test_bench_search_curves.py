@@ -73,3 +73,30 @@ def test_a_small_run_records_equal_budgets_and_never_times(bench, tmp_path, monk
 def test_a_learned_method_without_its_run_is_a_one_line_error(bench, tmp_path, capsys):
     assert bench.main(["--models", "squeezenet-1.1", "--methods", "guided"]) == 2
     assert "guided:RUN_DIR" in capsys.readouterr().err
+
+
+def test_from_onnxruntime_graph_with_the_perop_cost(bench, tmp_path):
+    """`--start ort:all --cost perop`: the curve starts from onnxruntime's graph (its per-op
+    cost, NCHWc operators and all, is the start cost) and the budget still cuts the search."""
+    out = tmp_path / "curves"
+    argv = ["--models", "squeezenet-1.1", "--methods", "random", "--seeds", "0"]
+    argv += ["--start", "ort:all", "--cost", "perop", "--evaluations", "4", "--out", str(out)]
+    assert bench.main(argv) == 0
+    data = json.loads(out.with_name("curves.json").read_text())
+    (run,) = data["runs"]
+    assert run["evaluations"] == 4 and len(run["speedup"]) == 4 and run["start_cost_ms"] > 0
+    assert data["meta"]["start"] == "ort:all" and data["meta"]["cost"] == "per-op measured cost"
+    assert "start ort:all" in out.with_name("curves.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cost", "perop", "--jobs", "2"], "--jobs 1"),
+        (["--start", "ort:fast"], "unknown start state 'ort:fast'"),
+    ],
+)
+def test_bad_cost_or_start_is_a_one_line_error(bench, capsys, extra, message):
+    assert bench.main(["--models", "squeezenet-1.1", "--methods", "random", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
