@@ -45,12 +45,12 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from rlflow.cost import AnalyticCostModel, Deployment, OrtSettings, PerOpCostModel, machine_peaks
+from rlflow.cost import Deployment, OrtSettings
 from rlflow.cost.ort_optimizer import check_start_name, start_state
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_json_atomic, write_text_atomic
 from rlflow.graph import Graph, load_model
-from rlflow.search.cost import SearchCost
+from rlflow.search.cost import SearchCost, make_cost
 from rlflow.zoo import cached_path
 
 OWN_BUDGET_FACTOR = 20
@@ -129,11 +129,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     settings = Deployment("offline").settings(OrtSettings()).resolved()
     original = load_model(cached_path(model, task["size"]))
     graph = start_state(original, task["start"], settings).graph
-    if task["cost"] == "perop":
-        cost_ms = PerOpCostModel(settings).cost_ms
-    else:
-        cost_ms = AnalyticCostModel(machine_peaks(settings)).cost_ms
-    cost = CurveCost(task["cost"], cost_ms, settings, budget)
+    cost = CurveCost(task["cost"], make_cost(task["cost"], settings), settings, budget)
     session = RewriteSession(graph, default_ruleset(), model=model)
     own = budget * OWN_BUDGET_FACTOR
     label, _, run_dir = method.partition(":")

@@ -334,11 +334,8 @@ def _train_in(
     global_step, update, episode, real_measurements_before, wall_before = 0, 0, 0, 0, 0.0
     progress_log: dict[str, Any] = {"kind": "ppo", "episodes": [], "updates": []}
     if initial is not None:
-        what, remedy = (
-            f"--init-from {config.init_from}",
-            "fine-tune with the rlflow version that trained it",
-        )
-        _load_network(scorer, initial, rule_names, what, remedy)
+        remedy = "fine-tune with the rlflow version that trained it"
+        _load_network(scorer, initial, rule_names, f"--init-from {config.init_from}", remedy)
     if resumed is not None:
         remedy = "resume it with the same rlflow version, or train into a new --out"
         _load_network(scorer, resumed, rule_names, str(checkpoint_path), remedy)
