@@ -17,7 +17,8 @@ share the formula of the operator they generalise, so formulas go by operator ty
 the domain: FusedConv and the nchwc Conv are a Conv plus their fused activation and optional
 Sum input (an nchwc Conv's shapes are its blocked ones, channels padded to the block, so the
 padding's work is counted as the kernel does it); FusedMatMul a MatMul with its transposes and
-scale; the nchwc pools the pools; SkipLayerNormalization a LayerNormalization of a sum.
+scale; the nchwc pools the pools; SkipLayerNormalization a LayerNormalization of a sum;
+Attention its Q, K, V projection, the heads' two products and their Softmax.
 
 An operator with no formula (`has_formula` says which) is priced as data movement and named in
 `AnalyticReport.unmodelled`, so that a gap in the formulas shows rather than hides.
@@ -115,6 +116,7 @@ _COST_ATTRS = {
     "Gemm": ("transA", "alpha", "beta"), "FusedGemm": ("transA", "alpha", "beta", "activation"),
     "FusedMatMul": ("transA", "transBatchA", "alpha"), "Conv": ("activation",),
     "FusedConv": ("activation",), "Gelu": ("approximate",), "Einsum": ("equation",),
+    "Attention": ("num_heads",),
 }
 # fmt: on
 
@@ -212,6 +214,18 @@ def _skip_layer_norm(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: d
     return float(per_element * _numel(ins[0][0]))
 
 
+def _attention(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
+    # onnxruntime's fused self-attention: x (B, S, E) times the (E, 3 * hidden) Q, K, V
+    # weights plus bias, then per head Q K^T, a Softmax over (S, S) and the product with V.
+    batch, seq, embed = ins[0][0]
+    width = ins[1][0][-1]
+    hidden = width // 3
+    heads = attrs.get("num_heads") or 1
+    projection = 2.0 * batch * seq * embed * width + batch * seq * width
+    products = 2 * 2.0 * batch * seq * seq * hidden
+    return projection + products + _NORM_FLOPS["Softmax"] * batch * heads * seq * seq
+
+
 def _einsum(ins: tuple[Tensor, ...], outs: tuple[Tensor, ...], attrs: dict) -> float:
     # Every combination of the distinct index letters is one multiply-add.
     equation = (attrs.get("equation") or "").replace(" ", "")
@@ -230,7 +244,7 @@ _FLOP_FORMULAS: dict[str, Callable[[tuple[Tensor, ...], tuple[Tensor, ...], dict
     "FusedGemm": _gemm, "Conv": _conv, "ConvInteger": _conv, "FusedConv": _conv,
     "ConvTranspose": _conv_transpose, "MaxPool": _pool, "AveragePool": _pool, "LpPool": _pool,
     "Einsum": _einsum, "Gelu": _gelu, "BiasGelu": _gelu, "FastGelu": _fast_gelu,
-    "SkipLayerNormalization": _skip_layer_norm,
+    "SkipLayerNormalization": _skip_layer_norm, "Attention": _attention,
 }
 # fmt: on
 

@@ -19,6 +19,7 @@ RI, RO = "ReorderInput", "ReorderOutput"
 EXPECTED_OPS = {
     "nchwc-conv": [RI, "Conv", RO],
     "nchwc-conv-reverse": ["FusedConv"],
+    "nchwc-conv-merge-groups": [RI, "Conv", RO],
     "nchwc-pool": [RI, "MaxPool", RO],
     "nchwc-pool-reverse": [RI, "MaxPool", "GlobalMaxPool", RO],
     "nchwc-global-pool": [RI, "GlobalAveragePool", RO],
@@ -68,6 +69,12 @@ def _blocked_conv(b: ModelBuilder, x: str, **attrs) -> str:
 def _():
     b = ModelBuilder()
     return b.model(b.op("Conv", [b.input((1, B + 2, 5, 5)), b.const((8, B + 2, 3, 3))]))
+
+
+@negative("nchwc-conv-merge-groups", "onnxruntime blocks this Conv as it is")
+def _():
+    b = ModelBuilder()  # two groups of a whole block each: nchwc-conv's site
+    return b.model(b.op("Conv", [b.input((1, 2 * B, 5, 5)), b.const((2 * B, B, 3, 3))], group=2))
 
 
 @negative("nchwc-conv-reverse", "reorder it out first")

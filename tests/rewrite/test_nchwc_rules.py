@@ -16,6 +16,7 @@ from rlflow.cost import check_equivalence, nchwc_block_size
 from rlflow.graph import NCHWC_DOMAIN, Graph, load_model
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rules import conv, nchwc, nchwc_layout
+from rlflow.rewrite.rules.common import merge_groups
 from rlflow.rewrite.rules.nchwc_format import (
     conv_layout,
     padded,
@@ -204,3 +205,34 @@ def test_a_shared_reorder_stays_for_its_other_reader():
         }
     )
     assert check_equivalence(graph, result).equivalent
+
+
+def test_resnext_groups_narrower_than_a_block_are_merged_into_the_layout(tmp_path):
+    """onnxruntime leaves ResNeXt's grouped Convs of fewer channels a group than a block in NCHW,
+    between two reorders; merging groups blocks them, and the reorders around them cancel."""
+    path = cached_path("resnext-50", "small")
+    theirs = load_model(ort_all(str(path), tmp_path))
+    narrow = [n for n in theirs.nodes if n.op_type == "FusedConv" and n.attr("group", 1) > 1]
+    assert narrow  # what the rule is for
+    ours = to_fixpoint(theirs, ["nchwc-conv-merge-groups", "nchwc-reorder-cancel"])
+    assert not [n for n in ours.nodes if n.domain != NCHWC_DOMAIN and "Conv" in n.op_type]
+    reorders = sum(n.op_type.startswith("Reorder") for n in ours.nodes)
+    assert reorders < sum(n.op_type.startswith("Reorder") for n in theirs.nodes)
+    for node in ours.nodes:
+        if node.domain == NCHWC_DOMAIN and node.op_type == "Conv" and node.attr("group", 1) > 1:
+            per_group = ours.constant(node.inputs[1]).shape[1]
+            assert per_group % BLOCK == 0  # whole blocks a group
+    report = check_equivalence(load_model(path), ours)
+    assert report.equivalent, report.reason
+
+
+def test_merged_groups_keep_each_group_to_its_own_channels():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((8, 2, 3, 3)).astype(np.float32)  # 4 groups of 2 channels
+    merged = merge_groups(weight, 4, 2)  # 2 groups of 4
+    assert merged.shape == (8, 4, 3, 3)
+    for channel in range(8):
+        group = channel // 2  # old group: 2 output channels each
+        offset = group % 2 * 2
+        np.testing.assert_array_equal(merged[channel, offset : offset + 2], weight[channel])
+        assert not np.delete(merged[channel], [offset, offset + 1], axis=0).any()

@@ -70,6 +70,10 @@ EXPECTED_OPS = {
     "fastgelu-fusion-reverse": ["Neg", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"],
     "reshape-unsqueeze-fold": ["Reshape"],
     "reshape-squeeze-fold": ["Reshape"],
+    "attention-fusion": ["Neg", "Attention", "Relu"],
+    "attention-fusion-reverse": ["Neg"]
+    + ["MatMul", "Add", "Reshape", "Transpose"] * 3
+    + ["MatMul", "Mul", "Softmax", "MatMul", "Transpose", "Reshape", "Relu"],
 }
 EXPECTED_OPS.update(nchwc_cases.EXPECTED_OPS)
 
@@ -455,6 +459,30 @@ def _():
     b = ModelBuilder()
     flat = b.op("Reshape", [b.input((2, 3)), b.const([1, 6], np.int64)])
     return b.model(b.op("Squeeze", [flat, b.const([0], np.int64)]), b.op("Relu", [flat]))
+
+
+@negative("attention-fusion", None)  # a mask that is not causal: not the operator's own
+def _():
+    b = ModelBuilder()
+    x = b.input((1, 4, 6))
+    heads = []
+    for perm in ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]):
+        h = b.op("Add", [b.op("MatMul", [x, b.const((6, 6))]), b.const((6,))])
+        h = b.op("Reshape", [h, b.const([1, 4, 2, 3], np.int64)])
+        heads.append(b.op("Transpose", [h], perm=perm))
+    scores = b.op("Add", [b.op("MatMul", heads[:2]), b.const((4, 4))])
+    context = b.op("MatMul", [b.op("Softmax", [scores], axis=-1), heads[2]])
+    merged = b.op("Transpose", [context], perm=[0, 2, 1, 3])
+    return b.model(b.op("Reshape", [merged, b.const([1, 4, 6], np.int64)]))
+
+
+@negative("attention-fusion-reverse", None)  # a mask input the written-out form does not take
+def _():
+    b = ModelBuilder()
+    x = b.input((1, 4, 6))
+    mask = b.input((1, 4), TensorProto.INT32)
+    weights = [b.const((6, 18)), b.const((18,))]
+    return b.model(b.op("Attention", [x, *weights, mask], domain="com.microsoft", num_heads=2))
 
 
 def _reasons(rule, graph) -> list[str | None]:

@@ -11,7 +11,16 @@ from rlflow.rewrite.rule import Rule
 
 def builtin_rules() -> list[Rule]:
     """Every hand-written rule, portable and not, verified or not."""
-    from rlflow.rewrite.rules import conv, fusion, matmul, nchwc, reshape, simplify, transformer
+    from rlflow.rewrite.rules import (
+        attention,
+        conv,
+        fusion,
+        matmul,
+        nchwc,
+        reshape,
+        simplify,
+        transformer,
+    )
 
     return [
         *simplify.RULES,
@@ -21,6 +30,7 @@ def builtin_rules() -> list[Rule]:
         *transformer.RULES,
         *reshape.RULES,
         *nchwc.RULES,
+        *attention.RULES,
     ]
 
 

@@ -64,6 +64,18 @@ def split_sizes(graph: Graph, split: Node) -> list[int] | None:
     return [dim // count] * count
 
 
+def merge_groups(weight: np.ndarray, group: int, factor: int) -> np.ndarray:
+    """The filter of a grouped Conv whose groups are merged `factor` at a time: each merged
+    group's filter is block-diagonal, zero where an old group would read another's channels,
+    so the Conv computes the same thing with `group / factor` groups."""
+    per_group_out, per_group_in = weight.shape[0] // group, weight.shape[1]
+    merged = np.zeros((weight.shape[0], factor * per_group_in, *weight.shape[2:]), weight.dtype)
+    for channel in range(weight.shape[0]):
+        offset = (channel // per_group_out) % factor * per_group_in
+        merged[channel, offset : offset + per_group_in] = weight[channel]
+    return merged
+
+
 def only_reader(graph: Graph, value: str, reader: Node) -> bool:
     """`reader` is the one node reading `value`, which is not a graph output."""
     readers = graph.consumers(value)

@@ -30,6 +30,7 @@ from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement, Rule, 
 from rlflow.rewrite.rules.common import (
     emit_split,
     example_conv,
+    merge_groups,
     only_reader,
     pick,
     shape,
@@ -365,12 +366,7 @@ class ConvGroupsHalve(_ConstantConv, PatternRule):
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         conv = match.nodes[0]
         group = conv.attr("group")
-        weight = graph.constant(match["w"])
-        per_group_out, per_group_in = weight.shape[0] // group, weight.shape[1]
-        merged = np.zeros((weight.shape[0], 2 * per_group_in, *weight.shape[2:]), weight.dtype)
-        for channel in range(weight.shape[0]):
-            offset = (channel // per_group_out) % 2 * per_group_in
-            merged[channel, offset : offset + per_group_in] = weight[channel]
+        merged = merge_groups(graph.constant(match["w"]), group, 2)
         emit = Emitter(graph)
         inputs = [match["x"], emit.const(merged, "weight"), match["b"]]
         return emit.result(emit.copy(conv, inputs, group=group // 2))

@@ -10,6 +10,10 @@ so that a search can choose, site by site, where the blocked layout pays:
   (w' in the blocked filter format, b' padded; no ReorderInput for a Conv with fewer input
   channels than a block, which reads NCHW directly; onnxruntime's conditions on channels and
   groups, `nchwc_format.conv_layout`)
+- Conv(x, w, group=g) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w'', group=g/k)), where
+  onnxruntime leaves a grouped Conv unblocked (fewer channels a group than a block): k groups
+  merged into one of whole blocks, w'' block-diagonal (undone by the Conv rule's reverse, into a
+  plain Conv with g/k groups)
 - MaxPool / AveragePool(x) -> ReorderOutput(nchwc.Pool(ReorderInput(x)))              and back
 - GlobalAveragePool / GlobalMaxPool(ReorderOutput(x)) -> ReorderOutput(nchwc.Pool(x)) and back
 - BatchNormalization(ReorderOutput(x)) -> ReorderOutput(nchwc.Conv(x, 1x1 depthwise))
@@ -30,7 +34,7 @@ from rlflow.graph import MS_DOMAIN, Graph
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement, both_ways
 from rlflow.rewrite.rules import nchwc_blocked
-from rlflow.rewrite.rules.common import pick, shape
+from rlflow.rewrite.rules.common import merge_groups, pick, shape
 from rlflow.rewrite.rules.nchwc_format import (
     ConvLayout,
     conv_layout,
@@ -63,6 +67,32 @@ def _layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
     if bias and (not graph.is_constant(bias) or graph.constant(bias).ndim != 1):
         return "the bias is not a constant vector"
     return conv_layout(weight.shape, match.node("y").attr("group", 1), block)
+
+
+def _blocked_conv(
+    graph: Graph,
+    match: Match,
+    weight: np.ndarray,
+    layout: ConvLayout,
+    block: int,
+    **attrs: object,
+) -> Replacement:
+    """ReorderOutput(nchwc.Conv(ReorderInput(x), w', b')) for the matched Conv, with `weight`
+    (OIHW) as its filter and `attrs` overriding the Conv's own."""
+    emit = Emitter(graph)
+    x = graph.value(match["x"])
+    source = reorder_input(emit, x, block) if layout.reorder_input else x.name
+    filters = emit.const(reorder_filter(weight, block, layout.per_output), "weight")
+    bias = match["b"]
+    if bias and len(graph.constant(bias)) % block:
+        bias = emit.const(pad_channels(graph.constant(bias), block), "bias")
+    out = graph.value(match.outputs[0])
+    n, channels, *spatial = out.shape
+    if layout.depthwise:
+        attrs["group"] = padded(channels, block)
+    blocked = emit.copy(match.node("y"), [source, filters, bias], "Conv", NCHWC, **attrs)
+    typed(emit, blocked, (n, padded(channels, block), *spatial), out.dtype)
+    return emit.result(reorder_output_for(emit, blocked, out.name, channels))
 
 
 class ConvToNchwc(NchwcPatternRule):
@@ -113,21 +143,7 @@ class ConvToNchwc(NchwcPatternRule):
         layout = _layout(graph, match, block)
         if self.reverse:
             return self._unblocked(graph, match, block, layout)
-        emit = Emitter(graph)
-        x = graph.value(match["x"])
-        source = reorder_input(emit, x, block) if layout.reorder_input else x.name
-        weight = graph.constant(match["w"])
-        filters = emit.const(reorder_filter(weight, block, layout.per_output), "weight")
-        bias = match["b"]
-        if bias and len(graph.constant(bias)) % block:
-            bias = emit.const(pad_channels(graph.constant(bias), block), "bias")
-        out = graph.value(match.outputs[0])
-        n, channels, *spatial = out.shape
-        groups = {"group": padded(channels, block)} if layout.depthwise else {}
-        blocked = emit.copy(match.node("y"), [source, filters, bias], "Conv", NCHWC, **groups)
-        typed(emit, blocked, (n, padded(channels, block), *spatial), out.dtype)
-        result = reorder_output_for(emit, blocked, out.name, channels)
-        return emit.result(result)
+        return _blocked_conv(graph, match, graph.constant(match["w"]), layout, block)
 
     def _unblocked(self, graph: Graph, match: Match, block: int, layout: ConvLayout) -> Replacement:
         conv = match.node("y")
@@ -177,6 +193,83 @@ class ConvToNchwc(NchwcPatternRule):
         inputs = [x, b.const(weight)] + ([b.const(bias)] if bias is not None else [])
         if fused:
             return b.model(b.op("FusedConv", inputs, domain=MS_DOMAIN, **attrs))
+        return b.model(b.op("Conv", inputs, **attrs))
+
+
+def group_merge_factor(weight_shape: tuple[int, ...], group: int, block: int) -> int | None:
+    """The fewest groups to merge into one so that each merged group has input and output
+    channels in whole blocks, where onnxruntime leaves the Conv as it is; None if none does."""
+    out_channels, per_group_in = weight_shape[0], weight_shape[1]
+    if (
+        group < 2
+        or per_group_in == 1
+        or not isinstance(conv_layout(weight_shape, group, block), str)
+    ):
+        return None  # depthwise Convs are blocked as they are, or not at all
+    per_group_out = out_channels // group
+    for factor in range(2, group + 1):
+        if group % factor == 0 and not (factor * per_group_in) % block:
+            if not (factor * per_group_out) % block:
+                return factor
+    return None
+
+
+class GroupedConvToNchwc(NchwcPatternRule):
+    """A grouped Conv too narrow per group for the blocked layout (ResNeXt's 32 groups of 4 or 8
+    channels) blocked all the same: groups are merged until each fills whole blocks, the filter
+    block-diagonal. More multiply-adds, but the blocked kernel and no reorders around the Conv;
+    onnxruntime leaves such a Conv in NCHW between two reorders."""
+
+    name = "nchwc-conv-merge-groups"
+    description = (
+        "Conv(x, w, group=g) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w', group=g/k))"
+        "  (k groups merged to whole blocks, w' block-diagonal)"
+    )
+    pattern = ConvToNchwc.pattern
+    target_ops = {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1}
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
+            return "nchwc Conv takes 2-D float convolutions only"
+        layout = _layout(graph, match, block)
+        if not isinstance(layout, str):
+            return "onnxruntime blocks this Conv as it is (nchwc-conv)"
+        weight = graph.constant(match["w"])
+        if weight is None or weight.dtype != np.float32:
+            return layout
+        group = match.node("y").attr("group", 1)
+        if group_merge_factor(weight.shape, group, block) is None:
+            return f"no merge of groups gives whole blocks of {block} channels"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        block = nchwc_block_size()
+        group = match.node("y").attr("group", 1)
+        weight = graph.constant(match["w"])
+        factor = group_merge_factor(weight.shape, group, block)
+        merged = merge_groups(weight, group, factor)
+        layout = conv_layout(merged.shape, group // factor, block)
+        return _blocked_conv(graph, match, merged, layout, block, group=group // factor)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        # input channels, per-group width, kernel, stride, FusedConv activation
+        channels, width, k, stride, fused = pick(
+            setting,
+            [
+                (2 * block, 4, 3, 1, "Relu"),  # ResNeXt's 4 channels a group, fused ReLU
+                (2 * block, block // 2, 3, 2, None),  # two groups make one block
+                (4 * block, 2, 1, 1, None),  # a pointwise grouped Conv
+            ],
+        )
+        group = channels // width
+        rng = np.random.default_rng(setting)
+        weight = rng.standard_normal((channels, width, k, k)).astype(np.float32)
+        attrs = {"group": group, "pads": [k // 2] * 4, "strides": [stride] * 2}
+        b = ModelBuilder()
+        inputs = [b.input((1, channels, 6, 6)), b.const(weight), b.const((channels,))]
+        if fused:
+            return b.model(b.op("FusedConv", inputs, domain=MS_DOMAIN, activation=fused, **attrs))
         return b.model(b.op("Conv", inputs, **attrs))
 
 
@@ -364,6 +457,7 @@ class BatchNormToNchwc(NchwcPatternRule):
 
 RULES = [
     *both_ways(ConvToNchwc),
+    GroupedConvToNchwc(),
     *both_ways(PoolToNchwc),
     *both_ways(GlobalPoolToNchwc),
     BatchNormToNchwc(),
