@@ -49,10 +49,24 @@ class LoopSettings:
     ray_address: str | None = None  # --backend ray: the cluster (default: a local Ray)
     workers: int = 1  # in-process collection processes
     measure: bool = False  # time each controller's final graphs end to end (slow)
+    controller_episodes: int | None = None
+    """Episodes collected with each controller (rounds after the first; None: as many as the
+    random round). The random round has to cover the space; a controller's rounds only add
+    where it goes, and their real env steps are what the loop's sample efficiency counts."""
 
     def validate(self) -> None:
         if self.iterations < 1:
             raise RlflowError(f"--iterations must be at least 1, got {self.iterations}")
+        if self.controller_episodes is not None and self.controller_episodes < 1:
+            raise RlflowError(
+                f"--controller-episodes must be at least 1, got {self.controller_episodes}"
+            )
+
+    def episodes(self, index: int, first: int) -> int:
+        """Episodes round `index` collects: `first` with the random agent, then per controller."""
+        if index == 0 or self.controller_episodes is None:
+            return first
+        return self.controller_episodes
 
 
 def iteration_dir(loop_dir: Path, index: int) -> Path:
@@ -123,6 +137,8 @@ def run_loop(
         "train_wm": asdict(wm_settings),
         "train_controller": asdict(controller_settings),
     }
+    if loop.controller_episodes is not None:  # absent from loops made before the option
+        identity["controller_episodes"] = loop.controller_episodes
     write_run_config(loop_dir, "world_models_loop", identity, may_change=("iterations",))
     iterations: list[dict[str, Any]] = []
     for index in range(loop.iterations):
@@ -140,6 +156,7 @@ def run_loop(
             models=list(models),
             policy=policy,
             seed=collect_settings.seed + index,
+            episodes=loop.episodes(index, collect_settings.episodes),
         )
         manifest = collect(
             settings,

@@ -45,6 +45,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, metavar="LOOP_DIR", help="the loop directory")
     parser.add_argument("--iterations", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--episodes", type=int, help="episodes collected per round (64)")
+    parser.add_argument(
+        "--controller-episodes",
+        type=int,
+        help="episodes collected with each controller, in the rounds after the first "
+        "(default: --episodes)",
+    )
     parser.add_argument("--size", choices=("small", "medium", "full"), help="zoo model size")
     parser.add_argument(
         "--cost",
@@ -84,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
         raise RlflowError(f"--iterations must be at least 1, got {args.iterations}")
     if args.workers < 1:
         raise RlflowError(f"--workers must be at least 1, got {args.workers}")
+    if args.controller_episodes is not None and args.controller_episodes < 1:
+        raise RlflowError(
+            f"--controller-episodes must be at least 1, got {args.controller_episodes}"
+        )
 
     from rlflow import config
     from rlflow.commands.common import set_torch_threads
@@ -107,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         workers=args.workers,
         measure=args.measure,
+        controller_episodes=args.controller_episodes,
     )
     out = Path(args.out)
     stderr(f"tensorboard --logdir {out}")

@@ -90,19 +90,20 @@ def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys)
     out = tmp_path / "loop"
     argv = [
         "train-wm-loop", "--model", "resnet-18", "--out", str(out), "--iterations", "2",
-        "--episodes", "8", "--config", str(config), "--quiet",
+        "--episodes", "8", "--controller-episodes", "3", "--config", str(config), "--quiet",
     ]  # fmt: skip
     assert main([*argv, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     first, second = summary["iterations"]
     assert first["policy"] == "random"
     assert second["policy"].startswith("agent:") and second["policy"].endswith("controller")
-    assert (first["data_episodes"], second["data_episodes"]) == (8, 16)  # retrained on all
+    # 8 random episodes, then 3 with the controller; each world model trained on all so far
+    assert (first["data_episodes"], second["data_episodes"]) == (8, 11)
     assert read_manifest(out / "iter-1" / "data")["settings"]["policy"] == second["policy"]
     for entry in (first, second):
         assert len(entry["controllers"]) == 2
         assert entry["heldout"]["steps"] >= 1 and np.isfinite(entry["heldout"]["latent_nll"])
-    assert first["heldout_next"]["episodes"] == 8  # world model 0 on the controller's data
+    assert first["heldout_next"]["episodes"] == 3  # world model 0 on the controller's data
     assert second["heldout_next"] is None
     assert summary["controllers_ranked"] == 4
     rho = summary["dream_real_rank_correlation"]
@@ -123,6 +124,8 @@ def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     argv = ["train-wm-loop", "--model", "resnet-18", "--out", str(out)]
     assert main([*argv, "--iterations", "0"]) == 2
     assert "--iterations must be at least 1" in capsys.readouterr().err
+    assert main([*argv, "--controller-episodes", "0"]) == 2
+    assert "--controller-episodes must be at least 1" in capsys.readouterr().err
     assert main([*argv, "--ray-address", "auto"]) == 2
     assert "--ray-address needs --backend ray" in capsys.readouterr().err
     assert not out.exists()

@@ -363,7 +363,7 @@ class AttentionFusionReverse(Rule):
         scores = emit.op("MatMul", parts[:2])
         scores = emit.op("Mul", [scores, emit.const(np.array(scale, weight.dtype), "scale")])
         if node.attr("unidirectional", 0):
-            masked = min(node.attr("mask_filter_value", -10000.0), _MASKED)
+            masked = node.attr("mask_filter_value", -10000.0)  # the operator's own mask value
             mask = np.triu(np.full((seq, seq), masked, weight.dtype), k=1)
             scores = emit.op("Add", [scores, emit.const(mask, "mask")])
         context = emit.op("MatMul", [emit.op("Softmax", [scores], axis=-1), parts[2]])

@@ -59,13 +59,21 @@ from rlflow.rewrite.rules.nchwc_layout import (
 )
 
 
-def _layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
+def _constants_reason(graph: Graph, match: Match) -> str | None:
+    """Why the matched Conv's filter and bias cannot be reordered (None: they can)."""
     weight = graph.constant(match["w"])
     if weight is None or weight.dtype != np.float32:
         return "the filter is not a float constant"
     bias = match["b"]
     if bias and (not graph.is_constant(bias) or graph.constant(bias).ndim != 1):
         return "the bias is not a constant vector"
+    return None
+
+
+def _layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
+    if reason := _constants_reason(graph, match):
+        return reason
+    weight = graph.constant(match["w"])
     return conv_layout(weight.shape, match.node("y").attr("group", 1), block)
 
 
@@ -231,12 +239,11 @@ class GroupedConvToNchwc(NchwcPatternRule):
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
             return "nchwc Conv takes 2-D float convolutions only"
-        layout = _layout(graph, match, block)
-        if not isinstance(layout, str):
+        if reason := _constants_reason(graph, match):
+            return reason
+        if not isinstance(_layout(graph, match, block), str):
             return "onnxruntime blocks this Conv as it is (nchwc-conv)"
         weight = graph.constant(match["w"])
-        if weight is None or weight.dtype != np.float32:
-            return layout
         group = match.node("y").attr("group", 1)
         if group_merge_factor(weight.shape, group, block) is None:
             return f"no merge of groups gives whole blocks of {block} channels"
