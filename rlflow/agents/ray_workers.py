@@ -74,7 +74,14 @@ def init(address: str | None = None) -> Any:
         if address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(resources={TIMER_RESOURCE: 1}, include_dashboard=False, log_to_driver=False)
+            # "local": a new Ray of our own, even where another runs on this machine (Ray
+            # would otherwise join that one, which refuses the resources asked for here).
+            ray.init(
+                address="local",
+                resources={TIMER_RESOURCE: 1},
+                include_dashboard=False,
+                log_to_driver=False,
+            )
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = address or os.environ.get("RAY_ADDRESS") or "a local Ray"
         raise RlflowError(f"cannot start or reach Ray at {where}: {error}") from None
@@ -142,16 +149,25 @@ class Timer:
 
         return socket.gethostname()
 
+    def node_id(self) -> str:
+        """The Ray node this timer runs on (one timer per node offering `rlflow_timer`)."""
+        import ray
 
-_timers: dict[str, list[Any]] = {}
-"""The timer actors of this driver, by Ray job: held here so that they live (with their caches)
-as long as the driver, not only as long as one run's handles."""
+        return ray.get_runtime_context().get_node_id()
+
+
+_timers: dict[tuple[str, str], list[Any]] = {}
+"""The timer actors of this driver, by Ray session and job: held here so that they live (with
+their caches) as long as the driver, not only as long as one run's handles. The session is part
+of the key because job ids start again at 1 in every session: a driver that joins a second Ray
+(another cluster, or a new local one) must not reach for the first one's actors."""
 
 
 def timers(ray: Any) -> list[Any]:
     """One timer actor per unit of `rlflow_timer` in the cluster (made on first use, found by
     name after); RlflowError when no machine offers the resource."""
-    job = ray.get_runtime_context().get_job_id()
+    context = ray.get_runtime_context()
+    job = (context.get_session_name(), context.get_job_id())
     if job in _timers:
         return _timers[job]
     count = int(ray.cluster_resources().get(TIMER_RESOURCE, 0))

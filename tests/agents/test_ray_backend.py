@@ -25,6 +25,7 @@ EPISODE_KEYS = ("global_step", "model", "return", "speedup", "length")
 @pytest.fixture(scope="module")
 def local_ray():
     ray.init(
+        address="local",  # ours, even while another test's cluster is still shutting down
         num_cpus=2,
         resources={TIMER_RESOURCE: 1},
         include_dashboard=False,
