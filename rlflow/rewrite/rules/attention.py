@@ -32,7 +32,10 @@ from rlflow.graph.domains import MS_DOMAIN as MS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement, Rule
 from rlflow.rewrite.rules.common import only_reader, opset, pick, scalar, shape
+from rlflow.rewrite.rules.transformer import matmul_projection
 
+_HEADS_PERM = [0, 2, 1, 3]
+"""(B, S, H, D) <-> (B, H, S, D): the head split of Q and V, and the merge of the context."""
 _MASKED = -1e4
 """A mask entry at or below this takes a Softmax weight of exactly 0 in float32."""
 
@@ -74,9 +77,10 @@ def _reshapes_back(graph: Graph, value: str, reader: Node) -> tuple[str, list[No
         value, reader = node.inputs[0], node
 
 
-def _vector(graph: Graph, name: str, width: int) -> np.ndarray | None:
+def _gemm_bias(graph: Graph, name: str, width: int) -> np.ndarray | None:
+    """A Gemm's C as one bias per output column: a constant of shape (N,) or (1, N)."""
     array = graph.constant(name)
-    if array is None or array.size != width or array.ndim > 2:
+    if array is None or array.shape not in ((width,), (1, width)):
         return None
     return array.reshape(width)
 
@@ -94,36 +98,22 @@ def _projection(graph: Graph, value: str, reader: Node) -> _Projection | None:
         if weight is None or weight.ndim != 2 or node.attr("beta", 1.0) != 1.0:
             return None
         weight = weight.T if node.attr("transB", 0) else weight
-        bias = _vector(graph, node.inputs[2], weight.shape[1])
+        bias = _gemm_bias(graph, node.inputs[2], weight.shape[1])
         x, head = _reshapes_back(graph, node.inputs[0], node)
         nodes = (*chain, node, *head)
-    elif node.op_type == "Add" and len(node.inputs) == 2:
-        matmul = next(
-            (
-                producer
-                for i in node.inputs
-                if (producer := graph.producer(i)) is not None
-                and producer.op_type == "MatMul"
-                and not producer.domain
-            ),
-            None,
-        )
-        if matmul is None:
+    elif node.op_type in ("Add", "MatMul"):
+        matmul = node
+        if node.op_type == "Add":
+            matmul = next(
+                (p for i in node.inputs if (p := graph.producer(i)) and p.op_type == "MatMul"),
+                None,
+            )
+        found = matmul_projection(graph, matmul) if matmul is not None else None
+        if found is None or found.output != value:  # an Add other than the bias, say
             return None
-        if not only_reader(graph, matmul.outputs[0], node):
-            return None
-        weight = graph.constant(matmul.inputs[1])
-        other = next(i for i in node.inputs if i != matmul.outputs[0])
-        if weight is None or weight.ndim != 2 or other == matmul.outputs[0]:
-            return None
-        bias = _vector(graph, other, weight.shape[1])
-        x, nodes = matmul.inputs[0], (*chain, node, matmul)
-    elif node.op_type == "MatMul":
-        weight = graph.constant(node.inputs[1])
-        if weight is None or weight.ndim != 2:
-            return None
-        bias = np.zeros(weight.shape[1], weight.dtype)
-        x, nodes = node.inputs[0], (*chain, node)
+        weight = found.weight
+        bias = found.bias if found.bias is not None else np.zeros(weight.shape[1], weight.dtype)
+        x, nodes = matmul.inputs[0], (*chain, *found.nodes)
     else:
         return None
     if bias is None or graph.is_constant(x) or len(shape(graph, x)) != 3:
@@ -207,25 +197,23 @@ def match_attention(graph: Graph, softmax: Node) -> _Site | None:
         return None
     score_nodes, product, scale, causal = found
     k_transposed = product.op_type == "FusedMatMul" and product.attr("transB", 0)
-    q = _heads(graph, product.inputs[0], product, [0, 2, 1, 3])
-    k = _heads(graph, product.inputs[1], product, [0, 2, 1, 3] if k_transposed else [0, 2, 3, 1])
+    q = _heads(graph, product.inputs[0], product, _HEADS_PERM)
+    k = _heads(graph, product.inputs[1], product, _HEADS_PERM if k_transposed else [0, 2, 3, 1])
     readers = graph.consumers(softmax.outputs[0])
     if q is None or k is None or len(readers) != 1 or graph.is_output(softmax.outputs[0]):
         return None
     context = readers[0]
     if context.op_type != "MatMul" or context.domain or context.inputs[0] != softmax.outputs[0]:
         return None
-    v = _heads(graph, context.inputs[1], context, [0, 2, 1, 3])
+    v = _heads(graph, context.inputs[1], context, _HEADS_PERM)
     merge = graph.consumers(context.outputs[0])
     if v is None or len(merge) != 1 or graph.is_output(context.outputs[0]):
         return None
     merge_transpose = merge[0]
-    if merge_transpose.op_type != "Transpose" or list(merge_transpose.attr("perm", [])) != [
-        0,
-        2,
-        1,
-        3,
-    ]:
+    if (
+        merge_transpose.op_type != "Transpose"
+        or list(merge_transpose.attr("perm", [])) != _HEADS_PERM
+    ):
         return None
     merge_reshape = graph.consumers(merge_transpose.outputs[0])
     if len(merge_reshape) != 1 or merge_reshape[0].op_type != "Reshape":
@@ -353,7 +341,7 @@ class AttentionFusionReverse(Rule):
         batch, seq, _ = shape(graph, x)
         head_shape = emit.const(np.array([batch, seq, heads, hidden // heads], np.int64), "shape")
         parts = []
-        for index, perm in enumerate(([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3])):
+        for index, perm in enumerate((_HEADS_PERM, [0, 2, 3, 1], _HEADS_PERM)):
             columns = slice(index * hidden, (index + 1) * hidden)
             part = emit.op("MatMul", [x, emit.const(weight[:, columns], "weight")])
             part = emit.op("Add", [part, emit.const(bias[columns], "bias")])
@@ -367,7 +355,7 @@ class AttentionFusionReverse(Rule):
             mask = np.triu(np.full((seq, seq), masked, weight.dtype), k=1)
             scores = emit.op("Add", [scores, emit.const(mask, "mask")])
         context = emit.op("MatMul", [emit.op("Softmax", [scores], axis=-1), parts[2]])
-        merged = emit.op("Transpose", [context], perm=[0, 2, 1, 3])
+        merged = emit.op("Transpose", [context], perm=_HEADS_PERM)
         out_shape = emit.const(np.array([batch, seq, hidden], np.int64), "shape")
         return emit.result(emit.op("Reshape", [merged, out_shape]))
 

@@ -21,7 +21,7 @@ from rlflow.rewrite.rules.common import emit_split, only_reader, pick, rank, sca
 
 
 @dataclass(frozen=True)
-class _Projection:
+class Projection:
     """MatMul(x, W) with W a constant matrix, and the Add of a constant bias vector if any."""
 
     matmul: Node
@@ -49,7 +49,7 @@ def _bias_of(graph: Graph, add: Node, value: str, width: int) -> np.ndarray | No
     return bias
 
 
-def _projection(graph: Graph, matmul: Node, with_bias: bool = True) -> _Projection | None:
+def matmul_projection(graph: Graph, matmul: Node, with_bias: bool = True) -> Projection | None:
     if matmul.op_type != "MatMul" or matmul.domain:
         return None
     weight = graph.constant(matmul.inputs[1])
@@ -60,8 +60,8 @@ def _projection(graph: Graph, matmul: Node, with_bias: bool = True) -> _Projecti
     if with_bias and len(readers) == 1 and not graph.is_output(output):
         bias = _bias_of(graph, readers[0], output, weight.shape[1])
         if bias is not None:
-            return _Projection(matmul, readers[0], weight, bias)
-    return _Projection(matmul, None, weight, None)
+            return Projection(matmul, readers[0], weight, bias)
+    return Projection(matmul, None, weight, None)
 
 
 class MatMulSiblingsMerge(Rule):
@@ -81,19 +81,19 @@ class MatMulSiblingsMerge(Rule):
         if self.reverse:
             yield from self._split_matches(graph, anchor)
             return
-        first = _projection(graph, anchor)
+        first = matmul_projection(graph, anchor)
         if first is None:
             return
         x = anchor.inputs[0]
 
-        def key(p: _Projection) -> tuple:
+        def key(p: Projection) -> tuple:
             return p.weight.shape[0], p.weight.dtype, p.bias is not None
 
         group = [
             p
             for c in graph.consumers(x)
             if c.inputs[0] == x
-            for p in [_projection(graph, c)]
+            for p in [matmul_projection(graph, c)]
             if p is not None and key(p) == key(first)
         ]
         if len(group) < 2 or group[0].matmul is not anchor:
@@ -110,7 +110,7 @@ class MatMulSiblingsMerge(Rule):
             matmul = next((graph.producer(i) for i in source.inputs if graph.producer(i)), None)
             if matmul is None or not only_reader(graph, matmul.outputs[0], source):
                 return
-        projection = _projection(graph, matmul)
+        projection = matmul_projection(graph, matmul)
         if projection is None or projection.output != split.inputs[0]:
             return
         if split.attr("axis", 0) % rank(graph, split.inputs[0]) != rank(graph, split.inputs[0]) - 1:
@@ -124,7 +124,7 @@ class MatMulSiblingsMerge(Rule):
         x = match["x"]
         if self.reverse:
             split = match.nodes[0]
-            projection = _projection(graph, match.nodes[1])
+            projection = matmul_projection(graph, match.nodes[1])
             bounds = np.cumsum([0, *split_sizes(graph, split)])
             outputs = []
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):
@@ -133,7 +133,7 @@ class MatMulSiblingsMerge(Rule):
                     part = emit.op("Add", [part, emit.const(projection.bias[lo:hi], "bias")])
                 outputs.append(part)
             return emit.result(*outputs)
-        group = [_projection(graph, node) for node in match.nodes if node.op_type == "MatMul"]
+        group = [matmul_projection(graph, node) for node in match.nodes if node.op_type == "MatMul"]
         weight = emit.const(np.concatenate([p.weight for p in group], axis=1), "weight")
         merged = emit.op("MatMul", [x, weight])
         if group[0].bias is not None:
