@@ -14,7 +14,8 @@ into a FusedMatMul), so a search can fuse attention from any start state; the re
 the exporter's form again, so that a fusion can be undone per site.
 
 The fused operator computes the three projections as one matrix product and the heads in one
-kernel: on this project's CPU about 2-4% of a medium transformer (docs/BENCHMARKS.md).
+kernel: on this project's CPU 1-4% of a medium transformer end to end (docs/BENCHMARKS.md,
+`scripts/bench_rule_everywhere.py`).
 A causal mask is accepted only as a constant that is 0 on and below the diagonal and at most
 -1e4 above it: there the Softmax weight is exactly 0, as with the operator's own mask.
 """
