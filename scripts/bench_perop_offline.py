@@ -19,6 +19,10 @@ provider and onnxruntime are kept, and operator times are cached in OUT.sqlite, 
 own, so that they were taken in the same session as the end-to-end times beside them
 (--fresh starts both over; --perop-cache uses another cache, e.g. the shared one).
 
+With `--table PATH` the estimate is a cost table's sum instead (`rlflow costs collect`, e.g. one
+collected on a GPU, checked here against that GPU's end-to-end latency): no operator is timed,
+and operators the table lacks are priced by its fitted roofline (counted as fallbacks).
+
     python scripts/bench_perop_offline.py --size small --out runs/perop-offline-small
 """
 
@@ -32,6 +36,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import onnxruntime as ort
 
@@ -46,6 +51,7 @@ from rlflow.cost import (
 )
 from rlflow.cost.cache import read_json
 from rlflow.cost.ort_optimizer import start_state
+from rlflow.cost.table import TableCostModel
 from rlflow.fileio import write_json_atomic, write_text_atomic
 from rlflow.graph import Graph, load_model
 from rlflow.zoo import MODEL_NAMES, cached_path
@@ -87,6 +93,27 @@ class Row:
         return relative_error(self.analytic_ms, self.e2e_ms)
 
 
+class TableEstimate:
+    """A cost table in the per-op model's place: `report` answers with the fields `measure`
+    reads (nothing is timed; operators the table lacks are the fallbacks)."""
+
+    def __init__(self, spec: str) -> None:
+        self.model = TableCostModel(spec)
+
+    def report(self, graph: Graph) -> SimpleNamespace:
+        report = self.model.report(graph)
+        return SimpleNamespace(
+            total_ms=report.total_ms,
+            measured_now=0,
+            fallback_nodes=report.misses,
+            fallback_reasons={op: "not in the table (roofline)" for op in report.missed_ops},
+            ort_level=self.model.level_for(graph),
+        )
+
+    def close(self) -> None:
+        pass
+
+
 def relative_error(estimate: float, measured: float) -> float:
     """(estimate - measured) / measured: positive when the estimate is too high."""
     return (estimate - measured) / measured
@@ -108,14 +135,14 @@ def measure(
     state: str,
     graph: Graph,
     runner: Runner,
-    perop: PerOpCostModel,
+    perop: PerOpCostModel | TableEstimate,
     analytic: AnalyticCostModel,
 ) -> Row:
     """Time `graph` end to end and cost it both ways."""
     started = time.perf_counter()
     per_op = perop.report(graph)
     progress(
-        f"{name} {state}: per-op {per_op.total_ms:.3f} ms ({per_op.measured_now} operators "
+        f"{name} {state}: estimate {per_op.total_ms:.3f} ms ({per_op.measured_now} operators "
         f"timed in {time.perf_counter() - started:.1f} s, {per_op.fallback_nodes} fallbacks)"
     )
     e2e = runner.measure(graph, use_cache=False)
@@ -134,21 +161,24 @@ def measure(
         date=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
     if per_op.fallback_reasons:
-        row.notes.append(f"per-op fallbacks (analytic): {per_op.fallback_reasons}")
+        row.notes.append(f"estimate's fallbacks: {per_op.fallback_reasons}")
     if floor.unmodelled:
         row.notes.append(f"no analytic formula for {floor.unmodelled}")
     progress(
-        f"{name} {state}: e2e {row.e2e_ms:.3f} ms ({e2e.runs} runs), per-op error "
+        f"{name} {state}: e2e {row.e2e_ms:.3f} ms ({e2e.runs} runs), estimate's error "
         f"{100 * row.perop_error:+.1f}%, analytic {100 * row.analytic_error:+.1f}%, "
         f"load {row.load:.2f}"
     )
     return row
 
 
-def run_meta(size: str, settings: OrtSettings, cold: bool = True) -> dict[str, object]:
-    """What rows must share to sit in one table."""
+def run_meta(
+    size: str, settings: OrtSettings, cold: bool = True, table: str | None = None
+) -> dict[str, object]:
+    """What rows must share to sit in one table (`table`: the cost table estimating, if any)."""
     return {
         "size": size,
+        **({"estimate": f"table:{table}"} if table else {}),
         "perop_caches": "flushed before every run" if cold else "warm",
         "threads": settings.threads,
         "provider": settings.resolved().provider,
@@ -169,21 +199,27 @@ def markdown(rows: list[Row], meta: dict[str, object], peaks: MachinePeaks, comm
     """The table, with how it was measured and a summary line per estimate."""
     dates = sorted(row.date for row in rows)
     loads = [row.load for row in rows]
+    label = estimate_label(meta)
+    how = (
+        f"its operators are costed by the cost table {str(meta['estimate'])[6:]}"
+        if "estimate" in meta
+        else "its operators are timed alone at the same level, caches "
+        f"{meta.get('perop_caches', 'warm')}"
+    )
     lines = [
-        f"# Per-op cost vs end-to-end latency, offline (zoo size {meta['size']})",
+        f"# {label} cost vs end-to-end latency, offline (zoo size {meta['size']})",
         "",
         f"`{command}`",
         "",
         f"onnxruntime {meta['onnxruntime']}, provider {meta['provider']}, {meta['threads']} "
-        "thread(s); every graph runs as written (optimiser off) and its operators are timed "
-        f"alone at the same level, caches {meta.get('perop_caches', 'warm')}; "
+        f"thread(s); every graph runs as written (optimiser off) and {how}; "
         f"measured {dates[0]} to {dates[-1]}, 1-minute load average "
         f"{min(loads):.2f}-{max(loads):.2f}; analytic peaks {peaks.gflops:.1f} GFLOP/s, "
         f"{peaks.gbps:.1f} GB/s DRAM, {peaks.cache_gbps or peaks.gbps:.1f} GB/s in cache. "
         "Error = (estimate - e2e) / e2e, e2e the 3rd-smallest run.",
         "",
-        "| model | start state | nodes | e2e ms | e2e median ms | per-op ms | per-op err % "
-        "| per-op fallbacks | analytic ms | analytic err % | load | date |",
+        f"| model | start state | nodes | e2e ms | e2e median ms | {label} ms | {label} err % "
+        f"| {label} fallbacks | analytic ms | analytic err % | load | date |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
@@ -194,17 +230,22 @@ def markdown(rows: list[Row], meta: dict[str, object], peaks: MachinePeaks, comm
             f"| {row.load:.2f} | {row.date} |"
         )
     lines.append("")
-    for label, errors in [
-        ("per-op", [row.perop_error for row in rows]),
+    for name, errors in [
+        (label, [row.perop_error for row in rows]),
         ("analytic", [row.analytic_error for row in rows]),
     ]:
         magnitudes = [abs(error) for error in errors]
         lines.append(
-            f"- {label}: median |error| {100 * statistics.median(magnitudes):.1f}%, "
+            f"- {name}: median |error| {100 * statistics.median(magnitudes):.1f}%, "
             f"max {100 * max(magnitudes):.1f}%, mean signed {100 * statistics.mean(errors):+.1f}%"
         )
     lines += [f"- {row.model} {row.state}: {note}" for row in rows for note in row.notes]
     return "\n".join(lines) + "\n"
+
+
+def estimate_label(meta: dict[str, object]) -> str:
+    """What the estimate is called in the table and the plot: per-op, or table."""
+    return "table" if "estimate" in meta else "per-op"
 
 
 def plot(rows: list[Row], meta: dict[str, object], path: Path) -> None:
@@ -220,7 +261,7 @@ def plot(rows: list[Row], meta: dict[str, object], path: Path) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(models)), 7.0), sharex=True)
     width = 0.8 / len(STATES)
     for ax, label, error in [
-        (axes[0], "per-op sum", lambda row: row.perop_error),
+        (axes[0], f"{estimate_label(meta)} sum", lambda row: row.perop_error),
         (axes[1], "analytic floor", lambda row: row.analytic_error),
     ]:
         for index, state in enumerate(STATES):
@@ -238,9 +279,9 @@ def plot(rows: list[Row], meta: dict[str, object], path: Path) -> None:
     dates = sorted(row.date for row in rows)
     loads = [row.load for row in rows]
     fig.suptitle(
-        f"offline (run as written), zoo {meta['size']}, {meta['threads']} thread(s), "
-        f"onnxruntime {meta['onnxruntime']}\n{dates[0]} to {dates[-1]}, "
-        f"load {min(loads):.2f}-{max(loads):.2f}",
+        f"offline (run as written), zoo {meta['size']}, {meta['provider']}, "
+        f"{meta['threads']} thread(s), onnxruntime {meta['onnxruntime']}\n"
+        f"{dates[0]} to {dates[-1]}, load {min(loads):.2f}-{max(loads):.2f}",
         fontsize=10,
     )
     fig.tight_layout()
@@ -266,20 +307,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warm", action="store_true", help="time operators warm (the per-op model's old way)"
     )
+    parser.add_argument(
+        "--table", metavar="PATH", help="estimate by this cost table's sum, not per-op timings"
+    )
+    parser.add_argument(
+        "--provider", choices=("cpu", "cuda"), help="default: cuda where onnxruntime has it"
+    )
     args = parser.parse_args(argv)
 
-    settings = Deployment("offline").settings(OrtSettings(threads=args.threads)).resolved()
+    provider = args.provider or "auto"
+    base = OrtSettings(threads=args.threads, provider=provider)
+    settings = Deployment("offline").settings(base).resolved()
     out = args.out or f"runs/perop-offline-{args.size}"
     paths = {suffix: Path(f"{out}.{suffix}") for suffix in ("json", "md", "png", "sqlite")}
-    meta = run_meta(args.size, settings, cold=not args.warm)
+    meta = run_meta(args.size, settings, cold=not args.warm, table=args.table)
     kept = {} if args.fresh else kept_rows(paths["json"], meta)
     perop_cache = Path(args.perop_cache or paths["sqlite"])
     if args.fresh and not args.perop_cache:
         perop_cache.unlink(missing_ok=True)
     peaks = machine_peaks(settings)
     runner = Runner(settings, runs=args.runs, min_time_s=args.min_time)
-    perop = PerOpCostModel(
-        settings, runs=args.perop_runs, cache_path=perop_cache, cold=not args.warm
+    perop: PerOpCostModel | TableEstimate = (
+        TableEstimate(args.table)
+        if args.table
+        else PerOpCostModel(
+            settings, runs=args.perop_runs, cache_path=perop_cache, cold=not args.warm
+        )
     )
     analytic = AnalyticCostModel(peaks)
     command = shlex.join(["python", *sys.argv])

@@ -59,6 +59,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "onnxruntime's level all",
     )
     collect.add_argument("--seed", type=int, default=0, help="seed of the random walks")
+    collect.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="models collected at once, in worker processes that rewrite in parallel and time "
+        "one at a time (default 1)",
+    )
     collect.add_argument("--json", action="store_true", help="print one JSON object last")
     collect.set_defaults(run=run_collect)
     listing = actions.add_parser("list", help="the cost tables shipped with rlflow")
@@ -72,6 +79,7 @@ def run_collect(args: argparse.Namespace) -> int:
     check_output_file("--out", args.out)
     check_number("--steps", args.steps, 1)
     check_number("--threads", args.threads, 1)
+    check_number("--jobs", args.jobs, 1)
     provider = chosen_provider(args.provider, "costs collect")
 
     from rlflow.commands.common import resolve_model
@@ -87,7 +95,8 @@ def run_collect(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     words = ["rlflow", "costs", "collect", "--provider", provider, "--models", *args.models]
     words += ["--size", args.size, "--steps", str(args.steps), "--deploy", args.deploy]
-    words += ["--threads", str(args.threads), "--seed", str(args.seed), "--out", str(args.out)]
+    words += ["--threads", str(args.threads), "--seed", str(args.seed), "--jobs", str(args.jobs)]
+    words += ["--out", str(args.out)]
     command = shlex.join(words + [f"--input-shape={shape}" for shape in args.input_shape])
     with tqdm(
         total=len(models) * rollout_steps(deploy, args.steps),
@@ -105,6 +114,7 @@ def run_collect(args: argparse.Namespace) -> int:
             seed=args.seed,
             meta={"size": args.size, "command": command},
             progress=bar,
+            jobs=args.jobs,
         )
     summary = {
         "out": str(args.out),

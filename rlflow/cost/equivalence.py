@@ -37,6 +37,7 @@ from rlflow.cost.inputs import draw_json, random_inputs
 from rlflow.cost.session import OrtSettings, make_session
 from rlflow.cost.source import ModelLike, ModelSource, TensorSpec
 from rlflow.cost.target import check_target
+from rlflow.cost.timing_lock import exclusive_timing
 from rlflow.errors import RlflowError, first_line
 
 
@@ -136,10 +137,11 @@ class EquivalenceChecker:
             random_inputs(self.inputs, self.metadata, seed, scale) for seed, scale in self.sets
         ]
         try:
-            session = make_session(
-                source.model_bytes(), declared_settings(self.metadata, self.settings)
-            )
-            self.expected = [session.run(None, feeds) for feeds in self.feeds]
+            with exclusive_timing():  # runs on the device: not while another process times
+                session = make_session(
+                    source.model_bytes(), declared_settings(self.metadata, self.settings)
+                )
+                self.expected = [session.run(None, feeds) for feeds in self.feeds]
         except RlflowError:
             raise
         except Exception as error:
@@ -149,7 +151,12 @@ class EquivalenceChecker:
             source.release()
 
     def check(self, candidate: ModelLike) -> EquivalenceReport:
-        """Compare `candidate` with the reference on every seed (a bad candidate never raises)."""
+        """Compare `candidate` with the reference on every seed (a bad candidate never raises);
+        its runs hold the machine's timing lock, if one is set (`rlflow.cost.timing_lock`)."""
+        with exclusive_timing():
+            return self._check(candidate)
+
+    def _check(self, candidate: ModelLike) -> EquivalenceReport:
         try:
             source = ModelSource(candidate, self.input_shapes)
         except RlflowError as error:

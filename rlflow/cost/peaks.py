@@ -37,6 +37,7 @@ from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.cost.device import cpu_model
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import max_ort_ir_version
+from rlflow.cost.timing_lock import exclusive_timing
 from rlflow.errors import RlflowError
 
 PEAKS_VERSION = 2  # part of the cache key: bump when what is measured changes
@@ -154,11 +155,12 @@ def _best_ms(
     model: onnx.ModelProto, settings: OrtSettings, x: np.ndarray, budget_s: float
 ) -> float:
     """The fastest of as many runs as fit in `budget_s` (at least MIN_RUNS)."""
-    run = timed_run(make_session(model.SerializeToString(), settings), {"x": x})
-    run()
-    best, runs, deadline = float("inf"), 0, time.perf_counter() + budget_s
-    while runs < MIN_RUNS or time.perf_counter() < deadline:
-        best, runs = min(best, run()), runs + 1
+    with exclusive_timing():
+        run = timed_run(make_session(model.SerializeToString(), settings), {"x": x})
+        run()
+        best, runs, deadline = float("inf"), 0, time.perf_counter() + budget_s
+        while runs < MIN_RUNS or time.perf_counter() < deadline:
+            best, runs = min(best, run()), runs + 1
     return best
 
 

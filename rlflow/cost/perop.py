@@ -61,6 +61,7 @@ from rlflow.cost.deploy import declared_settings
 from rlflow.cost.inputs import int_range, random_tensor
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, TensorSpec, max_ort_ir_version
+from rlflow.cost.timing_lock import exclusive_timing
 from rlflow.errors import first_line
 from rlflow.graph import Graph, Node, load_model
 from rlflow.graph.domains import is_standard, opset_for
@@ -280,7 +281,20 @@ class PerOpCostModel:
         cold: bool = False,
     ) -> float:
         """The fastest of `runs` timed runs, after checking the outputs' `shapes` if given;
-        each from flushed caches if `cold` (and this model flushes under `settings`)."""
+        each from flushed caches if `cold` (and this model flushes under `settings`); built and
+        run holding the machine's timing lock, if one is set (`rlflow.cost.timing_lock`)."""
+        with exclusive_timing():
+            return self._time_session(model, feeds, settings, runs, shapes, cold)
+
+    def _time_session(
+        self,
+        model: onnx.ModelProto,
+        feeds: dict[str, np.ndarray],
+        settings: OrtSettings,
+        runs: int,
+        shapes: dict[str, tuple[int, ...]] | None,
+        cold: bool,
+    ) -> float:
         session = make_session(model.SerializeToString(), settings)
         if shapes:
             _check_shapes(session, feeds, shapes)

@@ -51,6 +51,7 @@ from rlflow.cost.inputs import random_inputs
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, ModelSource
 from rlflow.cost.target import check_target
+from rlflow.cost.timing_lock import exclusive_timing
 from rlflow.errors import RlflowError, first_line
 
 LOW_RANK = 3
@@ -440,7 +441,14 @@ class Runner:
 
     def _time(self, sources: list[ModelSource], settings: list[OrtSettings]) -> list[list[float]]:
         """Per graph, the same number of wall times in ms, graphs alternated block by block;
-        graph i runs under settings[i]."""
+        graph i runs under settings[i]. Sessions are built and run holding the machine's
+        timing lock, if one is set (`rlflow.cost.timing_lock`)."""
+        with exclusive_timing():
+            return self._time_sessions(sources, settings)
+
+    def _time_sessions(
+        self, sources: list[ModelSource], settings: list[OrtSettings]
+    ) -> list[list[float]]:
         for source, graph_settings in zip(sources, settings, strict=True):
             source.require_static_inputs()
             check_target(source.metadata, graph_settings.provider)

@@ -15,6 +15,8 @@ stops (`timed_run`), so a time is the kernels' and not a host copy's or a queue'
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -130,13 +132,36 @@ def make_session(model_bytes: bytes, settings: OrtSettings) -> ort.InferenceSess
     options.log_severity_level = 4  # failures reach the caller as exceptions; no log spam
     providers: list = [PROVIDERS["cpu"]]
     if settings.provider != "cpu":
+        _preload_cuda_libraries()
         # CPU last, for the nodes the GPU provider does not take.
         providers.insert(0, (PROVIDERS[settings.provider], settings.provider_options()))
-    if settings.disabled:
-        return ort.InferenceSession(
-            model_bytes, options, providers=providers, disabled_optimizers=list(settings.disabled)
+    extra = {"disabled_optimizers": list(settings.disabled)} if settings.disabled else {}
+    session = ort.InferenceSession(model_bytes, options, providers=providers, **extra)
+    if session.get_providers()[0] != providers[0] and settings.provider != "cpu":
+        # onnxruntime falls back to the CPU, with a warning only, when the GPU provider cannot
+        # start (a missing cuDNN, say): a measurement would then silently be the CPU's.
+        raise RlflowError(
+            f"onnxruntime could not start {PROVIDERS[settings.provider]} (it fell back to "
+            f"{session.get_providers()[0]}): check the CUDA and cuDNN libraries it needs"
         )
-    return ort.InferenceSession(model_bytes, options, providers=providers)
+    return session
+
+
+_cuda_preloaded = False
+
+
+def _preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of pip's nvidia-* packages, where installed, before
+    the first CUDA session (onnxruntime-gpu's own `preload_dlls`; the libraries on the system's
+    path are used where it finds none). Once per process; a failure is left to the session."""
+    global _cuda_preloaded
+    if not _cuda_preloaded and hasattr(ort, "preload_dlls"):
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # stdout may carry one JSON object
+                ort.preload_dlls()
+        except Exception:  # no nvidia-* packages: the session looks on the system's path
+            pass
+    _cuda_preloaded = True
 
 
 def timed_run(

@@ -113,13 +113,17 @@ def collect_table(
     meta: Mapping[str, Any] | None = None,
     ruleset: RuleSet | None = None,
     progress: Progress = NO_PROGRESS,
+    jobs: int = 1,
 ) -> CostTable:
     """Collect (or resume) the table at `out` for `models` (label, original graph); see the
     module docstring. `settings` are the user's (threads, provider); operators are timed at
     `deploy`'s level. `meta` entries (the command line, the zoo size) are recorded too.
-    RlflowError if `out` holds a table made under other settings."""
+    `jobs` > 1 runs the models' rollouts in that many processes, their timings one at a time
+    (`_collect_in_parallel`). RlflowError if `out` holds a table made under other settings."""
     if steps < 1:
         raise RlflowError(f"--steps must be at least 1, got {steps}")
+    if jobs < 1:
+        raise RlflowError(f"--jobs must be at least 1, got {jobs}")
     settings = settings.resolved()
     level_settings = deploy.settings(settings)
     perop = PerOpCostModel(level_settings)
@@ -132,10 +136,12 @@ def collect_table(
     table.meta["models"] = list(dict.fromkeys([*table.meta.get("models", []), *dict(models)]))
     table.meta["complete"] = False
     rules = ruleset if ruleset is not None else default_ruleset()
+    run = (settings, deploy, steps, seed, rules)
     try:
-        recorder = TableRecorder(table, perop)
-        run = (settings, deploy, steps, seed, rules)
-        _collect_models(table, recorder, models, out, run, progress)
+        if jobs > 1:
+            _collect_in_parallel(table, models, out, run, progress, jobs)
+        else:
+            _collect_models(table, TableRecorder(table, perop), models, out, run, progress)
     finally:
         perop.close()
     table.meta["complete"] = set(table.meta["models"]) <= set(table.meta["models_done"])
@@ -153,30 +159,117 @@ def _collect_models(
 ) -> None:
     """The rollouts of each model not done yet (`run`: settings, deployment, steps, seed,
     rules); the table is saved after each."""
-    settings, deploy, steps, seed, rules = run
+    _, deploy, steps, _, _ = run
     done = set(table.meta["models_done"])
     for label, original in models:
         if label in done:
             progress.update(rollout_steps(deploy, steps))
             continue
         started = time.perf_counter()
-        starts = [original]
-        if deploy.mode == "offline":
-            states = {state.name: state.graph for state in start_states(original, settings)}
-            for graph in states.values():
-                recorder.record(graph)
-            # ORT's `all` graph equal to the original is listed under the original's name.
-            starts.append(states.get("ort:all", original))
-        for number, start in enumerate(starts):
-            # Seeded by the model's name, not its place: a resumed run walks the same way.
-            rng = np.random.default_rng([seed, zlib.crc32(label.encode()), number])
-            _random_walk(recorder, RewriteSession(start, rules, model=label), steps, rng, progress)
-            _greedy(recorder, RewriteSession(start, rules, model=label), steps, progress)
-        table.meta["models_done"] = [*table.meta["models_done"], label]
-        table.meta.setdefault("seconds", {})[label] = round(time.perf_counter() - started, 1)
-        table.meta["complete"] = len(table.meta["models_done"]) >= len(table.meta["models"])
-        table.save(out)
-        progress.set_postfix_str(f"{label} done, {len(table.entries)} operators", refresh=True)
+        _rollouts(recorder, label, original, run, progress)
+        _model_done(table, label, time.perf_counter() - started, out, progress)
+
+
+def _rollouts(
+    recorder: TableRecorder,
+    label: str,
+    original: Graph,
+    run: tuple[OrtSettings, Deployment, int, int, RuleSet],
+    progress: Progress,
+) -> None:
+    """Record one model's start states and the operators of its rollouts."""
+    settings, deploy, steps, seed, rules = run
+    starts = [original]
+    if deploy.mode == "offline":
+        states = {state.name: state.graph for state in start_states(original, settings)}
+        for graph in states.values():
+            recorder.record(graph)
+        # ORT's `all` graph equal to the original is listed under the original's name.
+        starts.append(states.get("ort:all", original))
+    for number, start in enumerate(starts):
+        # Seeded by the model's name, not its place: a resumed run walks the same way.
+        rng = np.random.default_rng([seed, zlib.crc32(label.encode()), number])
+        _random_walk(recorder, RewriteSession(start, rules, model=label), steps, rng, progress)
+        _greedy(recorder, RewriteSession(start, rules, model=label), steps, progress)
+
+
+def _model_done(
+    table: CostTable, label: str, seconds: float, out: str | Path, progress: Progress
+) -> None:
+    """Mark `label` done in the table's metadata and save the table (atomically)."""
+    table.meta["models_done"] = [*table.meta["models_done"], label]
+    table.meta.setdefault("seconds", {})[label] = round(seconds, 1)
+    table.meta["complete"] = len(table.meta["models_done"]) >= len(table.meta["models"])
+    table.save(out)
+    progress.set_postfix_str(f"{label} done, {len(table.entries)} operators", refresh=True)
+
+
+def _collect_in_parallel(
+    table: CostTable,
+    models: Sequence[tuple[str, Graph]],
+    out: str | Path,
+    run: tuple[OrtSettings, Deployment, int, int, RuleSet],
+    progress: Progress,
+    jobs: int,
+) -> None:
+    """`_collect_models` with one model per worker process, `jobs` at a time.
+
+    Rewriting and rule matching (most of a rollout's time on large graphs) run in parallel;
+    every timing holds the machine's timing lock (`rlflow.cost.timing_lock`, a temporary
+    lock file unless `$RLFLOW_TIMING_LOCK` already names one), so operators are still timed
+    one at a time, as in one process. Each finished model's operators are merged into the
+    table, which is saved after each as in the serial loop (a killed run keeps them)."""
+    import multiprocessing
+    import os
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from rlflow.cost.timing_lock import ENV_VAR
+
+    _, deploy, steps, _, _ = run
+    done = set(table.meta["models_done"])
+    todo = [(label, graph) for label, graph in models if label not in done]
+    progress.update(rollout_steps(deploy, steps) * (len(models) - len(todo)))
+    lock_dir = None
+    if not os.environ.get(ENV_VAR):
+        lock_dir = tempfile.TemporaryDirectory(prefix="rlflow-timing-")
+        os.environ[ENV_VAR] = os.path.join(lock_dir.name, "lock")
+    try:
+        context = multiprocessing.get_context("spawn")  # no forked ORT or torch thread pools
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {
+                pool.submit(_collect_one, label, graph, run, table.meta, table.overhead_ms): label
+                for label, graph in todo
+            }
+            for future in as_completed(futures):
+                part, seconds = future.result()
+                table.entries.update(part.entries)
+                table.failed.update(part.failed)
+                progress.update(rollout_steps(deploy, steps))
+                _model_done(table, futures[future], seconds, out, progress)
+    finally:
+        if lock_dir is not None:
+            del os.environ[ENV_VAR]
+            lock_dir.cleanup()
+
+
+def _collect_one(
+    label: str,
+    original: Graph,
+    run: tuple[OrtSettings, Deployment, int, int, RuleSet],
+    meta: dict[str, Any],
+    overhead_ms: float,
+) -> tuple[CostTable, float]:
+    """A worker of `_collect_in_parallel`: one model's operators, as a table of their own."""
+    settings, deploy, _, _, _ = run
+    started = time.perf_counter()
+    part = CostTable(meta=dict(meta), overhead_ms=overhead_ms)
+    perop = PerOpCostModel(deploy.settings(settings))
+    try:
+        _rollouts(TableRecorder(part, perop), label, original, run, NO_PROGRESS)
+    finally:
+        perop.close()
+    return part, time.perf_counter() - started
 
 
 def rollout_steps(deploy: Deployment, steps: int) -> int:

@@ -112,3 +112,18 @@ def test_learners_take_a_table_cost_and_check_it_first(capfd, tmp_path, argv):
     err = capfd.readouterr().err
     assert code == 2 and "no cost table named 'nonesuch'" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_jobs_collect_the_same_table_as_one_process(tmp_path):
+    """Two worker processes (rules matched in parallel, operators timed one at a time under a
+    lock) record the same operators as one process; the second run reads the first's timings
+    from the per-op cache, so the greedy descents follow the same path."""
+    serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
+    argv = ["costs", "collect", "--provider", "cpu", "--models", MODEL, "resnet-18"]
+    argv += ["--size", "small", "--steps", "2"]
+    assert main([*argv, "--out", str(serial)]) == 0
+    assert main([*argv, "--jobs", "2", "--out", str(parallel)]) == 0
+    one, two = load_table(str(serial)), load_table(str(parallel))
+    assert two.meta["complete"] and sorted(two.meta["models_done"]) == sorted(one.meta["models"])
+    assert two.entries == one.entries and two.failed == one.failed
+    assert "--jobs 2" in two.meta["command"]

@@ -5,10 +5,14 @@ skipped where onnxruntime has no CUDAExecutionProvider."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+import rlflow.runtime
+from rlflow.cli import main
 from rlflow.cost import (
     Deployment,
     OrtSettings,
@@ -21,6 +25,7 @@ from rlflow.cost.session import timed_run
 from rlflow.cost.table import TableCostModel, load_table
 from rlflow.graph import load_model
 from rlflow.search.table_collect import collect_table
+from rlflow.zoo import cached_path
 
 pytestmark = [
     pytest.mark.gpu,
@@ -89,3 +94,25 @@ def test_a_table_collected_on_cuda_round_trips(mlp_model, tmp_path):
     assert TableCostModel(loaded).report(graph).misses == 0
     perop = PerOpCostModel(Deployment("offline").settings(CUDA))
     assert TableCostModel(loaded).cost_ms(graph) == pytest.approx(perop.cost_ms(graph), rel=1e-4)
+
+
+def test_optimize_on_cuda_hands_back_a_model_that_runs_as_written_there(tmp_path, capsys):
+    """Offline on the GPU: ORT's CUDA graphs as start states, the result declares the optimiser
+    off and a cuda target, is equivalent on the device, and runs there through rlflow.runtime."""
+    out = tmp_path / "r18.onnx"
+    argv = ["optimize", "resnet-18", "--provider", "cuda", "--budget", "4", "-o", str(out)]
+    code = main([*argv, "--min-time", "0.05", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert summary["target"]["provider"] == "cuda" and summary["equivalent"]
+    assert summary["ort_config"] == {"session_options": {"graph_optimization_level": 0}}
+    session = rlflow.runtime.InferenceSession(out)
+    assert session.get_providers()[0] == "CUDAExecutionProvider"
+    feeds = {"image": np.random.default_rng(0).standard_normal((1, 3, 32, 32), "float32")}
+    reference = ort.InferenceSession(
+        str(cached_path("resnet-18", "small")), providers=["CPUExecutionProvider"]
+    )
+    np.testing.assert_allclose(
+        session.run(None, feeds)[0], reference.run(None, feeds)[0], rtol=1e-3, atol=1e-4
+    )
