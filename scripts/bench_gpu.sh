@@ -33,6 +33,8 @@ check() {
     nvidia-smi > "$runs/nvidia-smi.txt" 2>&1
     python3 -c 'import onnxruntime as o; print(o.__version__, o.get_available_providers())' \
         > "$runs/versions.txt"
+    python3 -m pip list 2>/dev/null | grep -iE '^(torch|torch.geometric|onnx|onnxscript|numpy) ' \
+        >> "$runs/versions.txt"
     say "gpu-marked tests"
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/cost/test_cuda.py 2>&1 | tee "$runs/pytest-gpu.txt"
     for model in "${models[@]}"; do
