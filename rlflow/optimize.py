@@ -274,7 +274,8 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
         episodes=options.episodes,
         seed=options.seed,
         size=options.size,
-        env_overrides={"start": "original"},
+        # Measured, if at all, where this result is timed, not where the agent trained.
+        env_overrides={"start": "original", "provider": run.settings.provider},
     )
     board = Board(options.top_k)
     for session in sessions:

@@ -89,7 +89,10 @@ def evaluate_real(
         raise RlflowError("give at least one model to evaluate on")
     run_dir = Path(run_dir)
     ort_level = str(world.meta["env"].get("ort_level", "all"))
-    runner = Runner(OrtSettings(threads=1, ort_level=ort_level)) if measure else None
+    provider = str(world.meta["env"].get("provider", "auto"))  # the data's, if it named one
+    runner = (
+        Runner(OrtSettings(threads=1, ort_level=ort_level, provider=provider)) if measure else None
+    )
     policies = {
         tau: policy_from_checkpoint(world, tau_dir(run_dir, tau) / CONTROLLER_CHECKPOINT)
         for tau in settings.temperatures

@@ -68,6 +68,7 @@ ENV_FIELDS = (
     "start",
     "measure_every",
     "ort_level",
+    "provider",
     "portable",
     "max_nodes",
     "max_edges",
@@ -92,6 +93,7 @@ class PPOConfig:
     deploy: str = "offline"  # offline (graphs run as written) | online (ORT optimises them)
     start: str = "original"  # where episodes begin: original | ort:all | ort:extended | ...
     ort_level: str = "all"  # onnxruntime optimisation level of measurements: all | disable
+    provider: str = "auto"  # where measurements run: auto (CUDA where available) | cpu | cuda
     portable: bool = False  # only rules that emit standard ONNX ops
     max_nodes: int = 512  # padded operator count of an observation
     max_edges: int = 1024  # padded edge count of an observation

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
+from typing import Any
 
 from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import (
@@ -15,6 +17,7 @@ from rlflow.commands.common import (
     check_cost_table,
     check_output_dir,
     cost_type,
+    env_provider,
     print_json,
 )
 from rlflow.commands.wm_settings import add_common_options, settings_from
@@ -87,10 +90,13 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir("--out", args.out)  # before torch loads
     check_cost_table(args.cost)  # a table that cannot be read: one line, before any work
     check_backend(args)
+    provider = env_provider(args.provider)
 
     from rlflow.worldmodel.collect import CollectSettings, collect
 
-    settings = settings_from(args, CollectSettings, "collect", FLAGS, models=args.model)
+    settings = with_provider(
+        settings_from(args, CollectSettings, "collect", FLAGS, models=args.model), provider
+    )
     before = _finished_shards(args.out)
     manifest = collect(
         settings,
@@ -128,6 +134,13 @@ def run(args: argparse.Namespace) -> int:
             f"{summary['real_measurements']}; wall {summary['wall_s']:.1f} s"
         )
     return 0
+
+
+def with_provider(settings: Any, provider: str | None) -> Any:
+    """CollectSettings with `--provider` (if given) among its env's arguments."""
+    if provider is None:
+        return settings
+    return replace(settings, env={**settings.env, "provider": provider})
 
 
 def _finished_shards(out: str) -> int:

@@ -48,8 +48,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_env_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--deploy` and `--start`: how a training or collecting env runs graphs and where its
-    episodes begin (train-ppo, collect, train-wm-loop)."""
+    """`--deploy`, `--start` and `--provider`: how a training or collecting env runs graphs,
+    where its episodes begin and what its measurements run on (train-ppo, collect,
+    train-wm-loop)."""
+    add_provider_argument(parser)
     parser.add_argument(
         "--deploy",
         choices=("offline", "online"),
@@ -61,6 +63,15 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
         help="where episodes begin: original (default) or onnxruntime's graph, ort:all, "
         "ort:all-PASS, ...",
     )
+
+
+def env_provider(flag: str | None) -> str | None:
+    """A training env's `--provider`, checked here (`--provider cuda` without onnxruntime's
+    CUDA provider is a one-line error before any work); None when not given: the env's own
+    default, CUDA where onnxruntime lists it."""
+    from rlflow.cost.session import OrtSettings
+
+    return None if flag is None else OrtSettings(provider=flag).resolved().provider
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

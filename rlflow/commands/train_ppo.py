@@ -22,6 +22,7 @@ from rlflow.commands.common import (
     check_cost_table,
     check_output_dir,
     cost_type,
+    env_provider,
     print_json,
 )
 from rlflow.errors import RlflowError
@@ -117,6 +118,7 @@ FLAG_FIELDS = {
     "num_envs": "num_envs",
     "num_steps": "num_steps",
     "ort_level": "ort_level",
+    "provider": "provider",
     "total_steps": "total_steps",
     "scorer": "scorer",
     "seed": "seed",
@@ -174,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir("--out", out)
     check_cost_table(args.cost)  # a table that cannot be read: one line, before any work
     check_backend(args)
+    args.provider = env_provider(args.provider)
     for name in ("num_envs", "num_steps", "measure_every"):
         value = getattr(args, name)
         if value is not None and value < 1:

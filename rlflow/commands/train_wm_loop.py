@@ -17,7 +17,13 @@ from typing import Any
 
 from rlflow.commands import collect
 from rlflow.commands.backend import add_backend_arguments, check_backend
-from rlflow.commands.common import add_env_arguments, check_output_dir, print_json, stderr
+from rlflow.commands.common import (
+    add_env_arguments,
+    check_output_dir,
+    env_provider,
+    print_json,
+    stderr,
+)
 from rlflow.commands.wm_settings import add_common_options
 
 COLLECT_FLAGS = [flag for flag in collect.FLAGS if flag not in ("policy", "candidate_samples")]
@@ -95,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             f"--controller-episodes must be at least 1, got {args.controller_episodes}"
         )
 
+    provider = env_provider(args.provider)
+
     from rlflow import config
     from rlflow.commands.common import set_torch_threads
     from rlflow.worldmodel.collect import CollectSettings
@@ -108,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         values = {**config.section(args.config, section), **config.overrides(args, flags)}
         return config.build(cls, {**values, **given}, f"{section} settings")
 
-    collect_settings = settings(CollectSettings, "collect", COLLECT_FLAGS, models=args.model)
+    collect_settings = collect.with_provider(
+        settings(CollectSettings, "collect", COLLECT_FLAGS, models=args.model), provider
+    )
     wm_settings = settings(WorldModelSettings, "train_wm", WM_FLAGS)
     controller_settings = settings(ControllerSettings, "train_controller", CONTROLLER_FLAGS)
     loop = LoopSettings(

@@ -127,3 +127,32 @@ def test_jobs_collect_the_same_table_as_one_process(tmp_path):
     assert two.meta["complete"] and sorted(two.meta["models_done"]) == sorted(one.meta["models"])
     assert two.entries == one.entries and two.failed == one.failed
     assert "--jobs 2" in two.meta["command"]
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is here")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["collect", "--model", MODEL, "--episodes", "1"],
+        ["train-ppo", "--model", MODEL, "--total-steps", "1"],
+        ["train-wm-loop", "--model", MODEL, "--iterations", "1"],
+    ],
+)
+def test_learners_refuse_provider_cuda_without_cuda_first(capfd, tmp_path, argv):
+    code = main([*argv, "--provider", "cuda", "--out", str(tmp_path / "run")])
+    err = capfd.readouterr().err
+    assert code == 2 and "no CUDAExecutionProvider" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_train_ppo_records_the_provider_it_measured_on(capfd, tmp_path):
+    """`--provider cpu` lands in the run's config (and so in the env every rollout of the agent
+    builds, where `rlflow optimize --agent` puts its own provider instead)."""
+    import yaml
+
+    argv = ["train-ppo", "--model", MODEL, "--provider", "cpu", "--cost", "analytic"]
+    argv += ["--total-steps", "4", "--horizon", "2", "--num-envs", "1", "--num-steps", "4"]
+    code = main([*argv, "--out", str(tmp_path / "run"), "--no-progress"])
+    assert code == 0, capfd.readouterr().err
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["provider"] == "cpu"
