@@ -11,6 +11,11 @@ its workers; several `rlflow bench` processes on one machine set it by hand
 (`RLFLOW_TIMING_LOCK=/tmp/rlflow-timing.lock rlflow bench ... &`). Unset (the default), it
 costs nothing. This is the in-machine counterpart of the Ray backend's one timer actor per
 machine (`rlflow.agents.ray_workers`).
+
+The lock keeps timings apart from each other, not from the other processes' CPU work: on a GPU
+that work does not touch the timed kernels, but on the CPU provider it shares caches and memory
+bandwidth with the timed run, so there parallel workers pay only where the machine has cores
+to spare beyond the timing's (on two cores, time with one process).
 """
 
 from __future__ import annotations
