@@ -26,6 +26,14 @@ speedup (mean, min-max over seeds) and the evaluations each seed needed to reach
 speedup; OUT.json has every curve, OUT.png draws them (mean line, min-max band). Progress on
 stderr.
 
+A cost-model speedup is not a latency. `--e2e-at N...` keeps each search's best graph after N
+evaluations (for each N given) and, once all searches of a model are done, times every distinct
+one of them end to end in one interleaved run against the original under onnxruntime's defaults
+(each graph as it deploys: offline, as written): the deployable speedup after N evaluations, a
+second row of panels in OUT.png and a column of the table. `--e2e-min-time S` is the timed time
+per graph of that run (default 1 s; the Runner's fixed protocol, which a few dozen graphs need
+to fit in minutes).
+
     python scripts/bench_search_curves.py --models inception-v3 resnet-50 bert --size small \\
         --methods random taso guided:runs/adv brkga regal:runs/regal --seeds 0 1 2 \\
         --evaluations 400 --out runs/search-curves
@@ -72,7 +80,12 @@ class CurveCost(SearchCost):
     asked for is the start graph: it sets `start_cost` and is not counted."""
 
     def __init__(
-        self, name: str, cost_ms: Callable[[Graph], float], settings: OrtSettings, budget: int
+        self,
+        name: str,
+        cost_ms: Callable[[Graph], float],
+        settings: OrtSettings,
+        budget: int,
+        keep_at: tuple[int, ...] = (),
     ) -> None:
         super().__init__(name, cost_ms, settings)
         self.budget = budget
@@ -80,6 +93,10 @@ class CurveCost(SearchCost):
         self.best = float("inf")
         self.curve: list[float] = []
         """Best cost after evaluation 1, 2, ... (the start graph excluded)."""
+        self.keep_at = set(keep_at)
+        self.best_graph: Graph | None = None
+        self.kept: dict[int, Graph] = {}
+        """The best graph after each evaluation count of `keep_at` reached so far."""
 
     def __call__(self, graph: Graph) -> float:
         if graph.canonical_hash() in self._asked:
@@ -89,10 +106,20 @@ class CurveCost(SearchCost):
         value = super().__call__(graph)
         if self.start_cost is None:
             self.start_cost = self.best = value
+            self.best_graph = graph
         else:
-            self.best = min(self.best, value)
+            if value < self.best:
+                self.best, self.best_graph = value, graph
             self.curve.append(self.best)
+            if len(self.curve) in self.keep_at:
+                self.kept[len(self.curve)] = self.best_graph
         return value
+
+    def kept_graphs(self) -> dict[int, Graph]:
+        """The best graph after each count of `keep_at`; a search that ended before a count
+        keeps its last best for it."""
+        assert self.best_graph is not None
+        return {count: self.kept.get(count, self.best_graph) for count in sorted(self.keep_at)}
 
 
 def speedups(start_cost: float, curve: list[float], budget: int) -> list[float]:
@@ -129,7 +156,8 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     settings = Deployment("offline").settings(OrtSettings()).resolved()
     original = load_model(cached_path(model, task["size"]))
     graph = start_state(original, task["start"], settings).graph
-    cost = CurveCost(task["cost"], make_cost(task["cost"], settings), settings, budget)
+    keep_at = tuple(task.get("e2e_at", ()))
+    cost = CurveCost(task["cost"], make_cost(task["cost"], settings), settings, budget, keep_at)
     session = RewriteSession(graph, default_ruleset(), model=model)
     own = budget * OWN_BUDGET_FACTOR
     label, _, run_dir = method.partition(":")
@@ -174,7 +202,32 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         "stopped": stopped,
         "wall_s": round(time.perf_counter() - started, 2),
         "speedup": speedups(cost.start_cost, cost.curve, budget),
+        # Graphs for the end-to-end timing (`time_kept_graphs`), dropped before any JSON.
+        "kept": {count: graph for count, graph in cost.kept_graphs().items()} if keep_at else {},
     }
+
+
+def time_kept_graphs(
+    model: str, runs: list[dict[str, Any]], size: str, min_time_s: float
+) -> dict[str, float]:
+    """Time every distinct graph kept by `model`'s runs, in one interleaved run against the
+    original under onnxruntime's defaults (each kept graph under the settings it declares:
+    offline, as written); their deployable speedups by canonical hash."""
+    from rlflow.cost import Runner
+
+    graphs: dict[str, Graph] = {}
+    for run in runs:
+        for graph in run["kept"].values():
+            graphs.setdefault(graph.canonical_hash(), graph)
+    original = load_model(cached_path(model, size))
+    defaults = OrtSettings()  # onnxruntime's defaults: level all
+    runner = Runner(defaults, runs=10, min_time_s=min_time_s)
+    comparison = runner.compare(
+        [original, *graphs.values()],
+        settings=[defaults, *[None] * len(graphs)],
+        use_cache=False,
+    )
+    return dict(zip(graphs, comparison.speedups[1:], strict=True))
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,9 +254,16 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "taso_final": target,
                     "to_reach_taso": reach,
                     "stopped_early": sum(run["stopped"] != "budget" for run in of_method),
+                    # The deployable speedup of each seed's best graph at the last count timed.
+                    "e2e_final": [last_e2e(run) for run in of_method if run.get("e2e")],
                 }
             )
     return rows
+
+
+def last_e2e(run: dict[str, Any]) -> float:
+    """A run's end-to-end speedup at the largest evaluation count timed."""
+    return run["e2e"][max(run["e2e"], key=int)]
 
 
 def format_reach(reach: list[int | None]) -> str:
@@ -216,23 +276,37 @@ def format_reach(reach: list[int | None]) -> str:
     return f"{shown} (mean of {len(hit)}: {statistics.mean(hit):.0f})"
 
 
+def spread_of(values: list[float]) -> str:
+    """`1.234x (1.200-1.250)`: the mean and the range over seeds."""
+    spread = f"{min(values):.3f}-{max(values):.3f}" if len(values) > 1 else "one run"
+    return f"{statistics.mean(values):.3f}x ({spread})"
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    timed = meta.get("e2e_at")
+    e2e_head = (
+        f" end-to-end speedup after {max(timed)} evaluations, mean (min-max) |" if timed else ""
+    )
     lines = [
         f"`{meta['command']}` ({meta['date']}; {meta['cost']}; start {meta['start']}; "
         f"{meta['evaluations']} evaluations = distinct graphs costed; seeds "
         f"{', '.join(map(str, meta['seeds']))}; taso deterministic, run once)",
         "",
         "| model | method | cost-model speedup, mean (min-max) | evaluations to reach taso's "
-        "final, per seed |",
-        "|---|---|---:|---|",
+        f"final, per seed |{e2e_head}",
+        "|---|---|---:|---|" + ("---:|" if timed else ""),
     ]
+    if timed:
+        lines[0] += (
+            f"; end to end: the best graph after {', '.join(map(str, timed))} evaluations "
+            "timed against the original under onnxruntime's defaults, as it deploys"
+        )
     for row in rows:
-        finals = row["final"]
-        spread = f"{min(finals):.3f}-{max(finals):.3f}" if len(finals) > 1 else "one run"
         early = f"; {row['stopped_early']} ended early" if row["stopped_early"] else ""
+        e2e = f" {spread_of(row['e2e_final'])} |" if timed and row.get("e2e_final") else ""
         lines.append(
-            f"| {row['model']} | {row['method']} | {statistics.mean(finals):.3f}x ({spread}) "
-            f"| {format_reach(row['to_reach_taso'])}{early} |"
+            f"| {row['model']} | {row['method']} | {spread_of(row['final'])} "
+            f"| {format_reach(row['to_reach_taso'])}{early} |{e2e}"
         )
     return "\n".join(lines) + "\n"
 
@@ -247,7 +321,11 @@ def plot(runs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     import numpy as np
 
     models = list(dict.fromkeys(run["model"] for run in runs))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 4.0), squeeze=False)
+    timed = bool(meta.get("e2e_at"))
+    rows = 2 if timed else 1
+    fig, axes = plt.subplots(
+        rows, len(models), figsize=(max(7.0, 4.6 * len(models)), 4.0 * rows), squeeze=False
+    )
     for ax, model in zip(axes[0], models):
         of_model = [run for run in runs if run["model"] == model]
         for method in dict.fromkeys(run["method"] for run in of_model):
@@ -262,6 +340,28 @@ def plot(runs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("cost-model speedup (start / best)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    for ax, model in zip(axes[1] if timed else [], models):
+        of_model = [run for run in runs if run["model"] == model and run.get("e2e")]
+        for method in dict.fromkeys(run["method"] for run in of_model):
+            counts = sorted(int(count) for count in of_model[0]["e2e"])
+            values = np.array(
+                [
+                    [run["e2e"][str(count)] for count in counts]
+                    for run in of_model
+                    if run["method"] == method
+                ]
+            )
+            (line,) = ax.plot(counts, values.mean(axis=0), marker="o", label=method, linewidth=1.4)
+            ax.fill_between(
+                counts, values.min(axis=0), values.max(axis=0), alpha=0.18, color=line.get_color()
+            )
+        ax.axhline(1.0, color="black", linewidth=0.6)
+        ax.set_xscale("log")
+        ax.set_title(f"{model}: end to end", fontsize=10)
+        ax.set_xlabel("evaluations (log)")
+        ax.set_ylabel("speedup vs original at onnxruntime's defaults")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.suptitle(
         f"{meta['cost']}; start {meta['start']}; zoo {meta['size']}; seeds "
         f"{', '.join(map(str, meta['seeds']))}; {meta['date']}",
@@ -271,6 +371,21 @@ def plot(runs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _model_done(
+    model: str, runs: list[dict[str, Any]], tasks: list[dict[str, Any]], seeds: list[int]
+) -> bool:
+    """Whether every search of `model` has come back (taso's one run counts for all seeds)."""
+    wanted = sum(
+        len(seeds) for task in tasks if task["model"] == model and task["seed"] == seeds[0]
+    )
+    return sum(run["model"] == model for run in runs) == wanted
+
+
+def jsonable(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs without the graphs kept for timing (not JSON; timed once a model is done)."""
+    return [{key: value for key, value in run.items() if key != "kept"} for run in runs]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,9 +413,23 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=1, help="searches run at once (1: in this process)"
     )
     parser.add_argument("--out", default="runs/search-curves", help="output path, no suffix")
+    parser.add_argument(
+        "--e2e-at",
+        nargs="+",
+        type=int,
+        default=[],
+        metavar="N",
+        help="time each search's best graph after N evaluations end to end (see above)",
+    )
+    parser.add_argument(
+        "--e2e-min-time", type=float, default=1.0, help="timed seconds per graph end to end"
+    )
     args = parser.parse_args(argv)
     if args.evaluations < 1:
         print("error: --evaluations must be at least 1", file=sys.stderr)
+        return 2
+    if any(not 1 <= count <= args.evaluations for count in args.e2e_at):
+        print("error: --e2e-at counts must lie in 1..--evaluations", file=sys.stderr)
         return 2
     if args.cost == "perop" and args.jobs > 1:
         print(
@@ -330,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             "size": args.size,
             "cost": args.cost,
             "start": args.start,
+            "e2e_at": sorted(set(args.e2e_at)),
         }
         for model in args.models
         for method in args.methods
@@ -345,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             args.cost
         ],
         "start": args.start,
+        "e2e_at": sorted(set(args.e2e_at)),
     }
     out = Path(args.out)
     paths = {suffix: out.with_name(f"{out.name}.{suffix}") for suffix in ("json", "md", "png")}
@@ -357,6 +488,15 @@ def main(argv: list[str] | None = None) -> int:
                 # taso stands for every seed (it has no randomness).
                 copies = args.seeds if run["method"] == "taso" else [run["seed"]]
                 runs += [{**run, "seed": seed} for seed in copies]
+                if args.e2e_at and _model_done(run["model"], runs, tasks, args.seeds):
+                    progress(f"{run['model']}: timing the kept graphs end to end")
+                    e2e = time_kept_graphs(run["model"], runs, args.size, args.e2e_min_time)
+                    for done_run in runs:
+                        if done_run["model"] == run["model"]:
+                            done_run["e2e"] = {
+                                str(count): e2e[graph.canonical_hash()]
+                                for count, graph in done_run.pop("kept").items()
+                            }
                 elapsed = time.perf_counter() - started
                 eta = elapsed / done * (len(tasks) - done)
                 progress(
@@ -365,12 +505,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"({run['stopped']}, {run['wall_s']:.0f} s); {elapsed / done:.0f} s/run, "
                     f"ETA {eta / 60:.1f} min"
                 )
-                write_json_atomic(paths["json"], {"meta": meta, "runs": runs})
+                write_json_atomic(paths["json"], {"meta": meta, "runs": jsonable(runs)})
     except RlflowError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = summarise(runs)
-    write_json_atomic(paths["json"], {"meta": meta, "runs": runs, "summary": rows})
+    write_json_atomic(paths["json"], {"meta": meta, "runs": jsonable(runs), "summary": rows})
     table = markdown(rows, meta)
     write_text_atomic(paths["md"], table)
     plot(runs, meta, paths["png"])

@@ -100,3 +100,31 @@ def test_bad_cost_or_start_is_a_one_line_error(bench, capsys, extra, message):
     assert bench.main(["--models", "squeezenet-1.1", "--methods", "random", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_kept_graphs_are_timed_end_to_end_once_a_model_is_done(bench, tmp_path):
+    """`--e2e-at`: each run's best graph after 3 and 12 evaluations, timed against the original
+    under onnxruntime's defaults; taso's one run stands for every seed, graphs stay out of the
+    JSON, and the table and the plot gain the end-to-end column and row."""
+    out = tmp_path / "curves"
+    argv = ["--models", "squeezenet-1.1", "--methods", "random", "taso", "--seeds", "0", "1"]
+    argv += ["--evaluations", "12", "--e2e-at", "3", "12", "--e2e-min-time", "0"]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+
+    data = json.loads(out.with_name("curves.json").read_text())
+    assert data["meta"]["e2e_at"] == [3, 12]
+    for run in data["runs"]:
+        assert "kept" not in run and set(run["e2e"]) == {"3", "12"}
+        assert all(speedup > 0 for speedup in run["e2e"].values())
+    taso = [run["e2e"] for run in data["runs"] if run["method"] == "taso"]
+    assert taso[0] == taso[1]
+    rows = {row["method"]: row for row in data["summary"]}
+    assert len(rows["random"]["e2e_final"]) == 2
+    table = out.with_name("curves.md").read_text()
+    assert "end-to-end speedup after 12 evaluations" in table
+
+
+def test_e2e_counts_beyond_the_budget_are_refused(bench, capsys):
+    argv = ["--models", "squeezenet-1.1", "--evaluations", "10", "--e2e-at", "20"]
+    assert bench.main(argv) == 2
+    assert "--e2e-at" in capsys.readouterr().err
