@@ -15,7 +15,9 @@
 #          in BENCH_GROUPS (3) processes at once, timing one at a time under one lock
 #
 # RLFLOW (default: `python3 -m rlflow.cli`) runs rlflow; MODELS, SIZE (full), STEPS (20),
-# JOBS (6) and PROVIDER (cuda; cpu to try the stages out here) change what is run.
+# JOBS (6) and PROVIDER (cuda; cpu to try the stages out here) change what is run. On the CPU
+# provider the lock keeps timings apart but not the other processes' CPU work beside them
+# (rlflow/cost/timing_lock.py): there, numbers worth keeping need JOBS=1 BENCH_GROUPS=1.
 set -uo pipefail
 runs=${1:?usage: scripts/bench_gpu.sh RUNS_DIR STAGE...}
 shift
