@@ -171,15 +171,15 @@ def train(config: RegalConfig, run_dir: str | Path, *, progress: bool = True) ->
         updates += 1
         elapsed = time.perf_counter() - started
         runs_per_s = (runs - start_runs) / elapsed if elapsed > 0 else 0.0
-        writer.scalar("losses/policy_loss", float(policy_loss), runs)
-        writer.scalar("losses/entropy", float(entropy), runs)
+        writer.scalar("losses/policy_loss", policy_loss.item(), runs)
+        writer.scalar("losses/entropy", entropy.item(), runs)
         writer.scalar("charts/runs_per_s", runs_per_s, runs)
         progress_log["updates"].append(
             {
                 "update": updates,
                 "run": runs,
-                "policy_loss": float(policy_loss),
-                "entropy": float(entropy),
+                "policy_loss": policy_loss.item(),
+                "entropy": entropy.item(),
                 "mean_reward": float(np.mean(rewards)),
             }
         )
