@@ -217,6 +217,8 @@ def time_kept_graphs(
 
     graphs: dict[str, Graph] = {}
     for run in runs:
+        if run["model"] != model:
+            continue
         for graph in run["kept"].values():
             graphs.setdefault(graph.canonical_hash(), graph)
     original = load_model(cached_path(model, size))

@@ -107,8 +107,9 @@ def test_kept_graphs_are_timed_end_to_end_once_a_model_is_done(bench, tmp_path):
     under onnxruntime's defaults; taso's one run stands for every seed, graphs stay out of the
     JSON, and the table and the plot gain the end-to-end column and row."""
     out = tmp_path / "curves"
-    argv = ["--models", "squeezenet-1.1", "--methods", "random", "taso", "--seeds", "0", "1"]
-    argv += ["--evaluations", "12", "--e2e-at", "3", "12", "--e2e-min-time", "0"]
+    argv = ["--models", "squeezenet-1.1", "resnet-18", "--methods", "random", "taso"]
+    argv += ["--seeds", "0", "1", "--evaluations", "12", "--e2e-at", "3", "12"]
+    argv += ["--e2e-min-time", "0"]
     assert bench.main([*argv, "--out", str(out)]) == 0
 
     data = json.loads(out.with_name("curves.json").read_text())
@@ -117,9 +118,10 @@ def test_kept_graphs_are_timed_end_to_end_once_a_model_is_done(bench, tmp_path):
         assert "kept" not in run and set(run["e2e"]) == {"3", "12"}
         assert all(speedup > 0 for speedup in run["e2e"].values())
     taso = [run["e2e"] for run in data["runs"] if run["method"] == "taso"]
-    assert taso[0] == taso[1]
-    rows = {row["method"]: row for row in data["summary"]}
-    assert len(rows["random"]["e2e_final"]) == 2
+    assert taso[0] == taso[1] and taso[2] == taso[3]
+    assert len(data["runs"]) == 8  # two models, each timed once its four runs were back
+    rows = {(row["model"], row["method"]): row for row in data["summary"]}
+    assert len(rows["resnet-18", "random"]["e2e_final"]) == 2
     table = out.with_name("curves.md").read_text()
     assert "end-to-end speedup after 12 evaluations" in table
 
