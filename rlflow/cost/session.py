@@ -130,18 +130,19 @@ def make_session(model_bytes: bytes, settings: OrtSettings) -> ort.InferenceSess
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ORT_LEVELS[settings.ort_level]
     options.log_severity_level = 4  # failures reach the caller as exceptions; no log spam
+    wanted = PROVIDERS[settings.provider]
     providers: list = [PROVIDERS["cpu"]]
     if settings.provider != "cpu":
         _preload_cuda_libraries()
         # CPU last, for the nodes the GPU provider does not take.
-        providers.insert(0, (PROVIDERS[settings.provider], settings.provider_options()))
+        providers.insert(0, (wanted, settings.provider_options()))
     extra = {"disabled_optimizers": list(settings.disabled)} if settings.disabled else {}
     session = ort.InferenceSession(model_bytes, options, providers=providers, **extra)
-    if session.get_providers()[0] != providers[0] and settings.provider != "cpu":
+    if session.get_providers()[0] != wanted:
         # onnxruntime falls back to the CPU, with a warning only, when the GPU provider cannot
         # start (a missing cuDNN, say): a measurement would then silently be the CPU's.
         raise RlflowError(
-            f"onnxruntime could not start {PROVIDERS[settings.provider]} (it fell back to "
+            f"onnxruntime could not start {wanted} (it fell back to "
             f"{session.get_providers()[0]}): check the CUDA and cuDNN libraries it needs"
         )
     return session
