@@ -203,7 +203,7 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 2),
         "speedup": speedups(cost.start_cost, cost.curve, budget),
         # Graphs for the end-to-end timing (`time_kept_graphs`), dropped before any JSON.
-        "kept": {count: graph for count, graph in cost.kept_graphs().items()} if keep_at else {},
+        "kept": cost.kept_graphs() if keep_at else {},
     }
 
 

@@ -100,13 +100,15 @@ def test_provider_cpu_is_recorded(capfd, mlp_model, tmp_path):
     assert result["provider"] == "cpu" and result["provider_options"] == {}
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["collect", "--model", MODEL, "--episodes", "1"],
-        ["train-ppo", "--model", MODEL, "--total-steps", "1"],
-    ],
-)
+LEARNERS = [
+    ["collect", "--model", MODEL, "--episodes", "1"],
+    ["train-ppo", "--model", MODEL, "--total-steps", "1"],
+]
+"""The learners' commands at their least work; the tests below add an option that must stop
+each before any."""
+
+
+@pytest.mark.parametrize("argv", LEARNERS)
 def test_learners_take_a_table_cost_and_check_it_first(capfd, tmp_path, argv):
     code = main([*argv, "--cost", "table:nonesuch", "--out", str(tmp_path / "run")])
     err = capfd.readouterr().err
@@ -131,12 +133,7 @@ def test_jobs_collect_the_same_table_as_one_process(tmp_path):
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is here")
 @pytest.mark.parametrize(
-    "argv",
-    [
-        ["collect", "--model", MODEL, "--episodes", "1"],
-        ["train-ppo", "--model", MODEL, "--total-steps", "1"],
-        ["train-wm-loop", "--model", MODEL, "--iterations", "1"],
-    ],
+    "argv", [*LEARNERS, ["train-wm-loop", "--model", MODEL, "--iterations", "1"]]
 )
 def test_learners_refuse_provider_cuda_without_cuda_first(capfd, tmp_path, argv):
     code = main([*argv, "--provider", "cuda", "--out", str(tmp_path / "run")])
