@@ -111,7 +111,10 @@ class DreamBatch:
         rules = np.where(valid, world.action_rules(actions), -1)
         rnn = world.rnn
         output, self.state = rnn(
-            self.z.unsqueeze(1), torch.as_tensor(rules).unsqueeze(1), self.state
+            self.z.unsqueeze(1),
+            torch.as_tensor(rules).unsqueeze(1),
+            self.state,
+            cost=torch.as_tensor(self.cost).unsqueeze(1),
         )
         latent = world.latent
         uniform = self._shared(self.rng.random((self.episodes, latent)))

@@ -43,9 +43,10 @@ def heldout_report(
     arrays = data.arrays
     z = torch.as_tensor(mu[sequences.obs], dtype=torch.float32)
     actions = torch.as_tensor(arrays["action_rule"][sequences.steps], dtype=torch.long)
-    output, _ = world.rnn(z[:, :-1], actions)
+    costs = torch.as_tensor(cost_ratios(data)[sequences.obs], dtype=torch.float32)
+    output, _ = world.rnn(z[:, :-1], actions, cost=costs[:, :-1])
     valid = torch.as_tensor(sequences.valid)
-    next_cost = torch.as_tensor(cost_ratios(data)[sequences.obs[:, 1:]], dtype=torch.float32)
+    next_cost = costs[:, 1:]
     done = torch.as_tensor(arrays["terminated"][sequences.steps])
     applicable = torch.as_tensor(arrays["next_rule_applicable"][sequences.steps])
     stopped = actions == world.rnn.stop_action

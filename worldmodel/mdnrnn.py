@@ -8,6 +8,14 @@ and cannot be inflated by summing per-step reward errors (a rule and its reverse
 forth, each predicted as a gain). Its squared error is reported as `cost_mse`, scaled by 100
 as rewards are (so it is also the error of the reward derived from it, given the true c_t).
 
+`cost_head="step"` is the other choice: M predicts the step's change 100 (c_t - c_{t+1}) from
+(z_t, a_t) and adds it to the current cost (the true one in training, the dream's own in a
+dream), so a return still telescopes over the dream's costs. A rule's effect is then learnt as
+an effect, alike at every site and depth of an episode, instead of a level the LSTM must carry
+through it; the level head extrapolates the trend of the episodes it saw (on BERT it priced an
+un-fusion that slows the graph as a gain after six that sped it up). The price: a rule and its
+reverse can both be predicted as gains.
+
 Following Ha & Schmidhuber (2018), each latent dimension has its own K-component mixture;
 sampling at temperature tau divides the mixture logits by tau and scales sigma by sqrt(tau).
 Actions are rule ids: 0..R-1 apply a rule, R stops, R+1 is a masked no-op (never chosen by
@@ -26,7 +34,9 @@ from torch import Tensor, nn
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 MASK_PRIOR_LOGIT = -4.0
 COST_SCALE = 100.0
-"""The cost head's raw output is 100 (1 - C_{t+1} / C_0): in reward units, 0 at the start."""
+"""The cost head's raw output is in reward units: 100 (1 - C_{t+1} / C_0) (level head, 0 at
+the start) or 100 (C_t - C_{t+1}) / C_0 (step head, the reward)."""
+COST_HEADS = ("level", "step")
 
 
 @dataclass
@@ -34,7 +44,7 @@ class MDNOutput:
     log_pi: Tensor  # (..., K, Z) log mixture weights (normalised over K)
     mu: Tensor  # (..., K, Z)
     logsigma: Tensor  # (..., K, Z)
-    cost: Tensor  # (...,) predicted next cost ratio C_{t+1} / C_0 (1 - raw / COST_SCALE)
+    cost: Tensor  # (...,) predicted next cost ratio C_{t+1} / C_0 (NaN: step head, no C_t given)
     done_logit: Tensor  # (...,)
     mask_logits: Tensor  # (..., R)
 
@@ -48,9 +58,11 @@ class MDNRNN(nn.Module):
         hidden: LSTM size (default 256).
         mixtures: K, Gaussians per latent dimension (default 8).
         action_embedding: size of the learned action embedding (default 32).
+        cost_head: "level" (default) or "step" (see the module docstring).
 
-    Shapes: z (B, T, Z), actions (B, T) long -> `MDNOutput` with leading dims (B, T), and the
-    LSTM state (h, c), each (1, B, hidden).
+    Shapes: z (B, T, Z), actions (B, T) long, and for the step head the current cost ratios
+    C_t / C_0 (B, T) -> `MDNOutput` with leading dims (B, T), and the LSTM state (h, c), each
+    (1, B, hidden).
     """
 
     def __init__(
@@ -60,8 +72,12 @@ class MDNRNN(nn.Module):
         hidden: int = 256,
         mixtures: int = 8,
         action_embedding: int = 32,
+        cost_head: str = "level",
     ) -> None:
         super().__init__()
+        if cost_head not in COST_HEADS:
+            raise ValueError(f"cost_head must be one of {COST_HEADS}, got {cost_head!r}")
+        self.cost_head = cost_head
         self.latent, self.num_rules = latent, num_rules
         self.hidden, self.mixtures = hidden, mixtures
         self.embed = nn.Embedding(num_rules + 2, action_embedding)
@@ -80,14 +96,19 @@ class MDNRNN(nn.Module):
         return torch.where(action_rule < 0, noop, action_rule)
 
     def forward(
-        self, z: Tensor, actions: Tensor, state: tuple[Tensor, Tensor] | None = None
+        self,
+        z: Tensor,
+        actions: Tensor,
+        state: tuple[Tensor, Tensor] | None = None,
+        cost: Tensor | None = None,
     ) -> tuple[MDNOutput, tuple[Tensor, Tensor]]:
         inputs = torch.cat([z, self.embed(self.action_index(actions))], dim=-1)
         out, state = self.lstm(inputs, state)
-        return self.head_output(out), state
+        return self.head_output(out, cost), state
 
-    def head_output(self, h: Tensor) -> MDNOutput:
-        """The predictions from LSTM outputs h (..., hidden)."""
+    def head_output(self, h: Tensor, cost: Tensor | None = None) -> MDNOutput:
+        """The predictions from LSTM outputs h (..., hidden), given the current cost ratios
+        (...,) for the step head (without them its `cost` is NaN)."""
         k, z = self.mixtures, self.latent
         raw = self.head(h)
         lead = raw.shape[:-1]
@@ -95,11 +116,18 @@ class MDNRNN(nn.Module):
         log_pi = torch.log_softmax(mixture[..., 0, :, :], dim=-2)
         logsigma = mixture[..., 2, :, :].clamp(-7.0, 3.0)
         rest = raw[..., 3 * k * z :]
+        change = rest[..., 0] / COST_SCALE
+        if self.cost_head == "level":
+            next_cost = 1.0 - change
+        elif cost is None:
+            next_cost = torch.full_like(change, float("nan"))
+        else:
+            next_cost = cost.to(change.dtype) - change
         return MDNOutput(
             log_pi=log_pi,
             mu=mixture[..., 1, :, :],
             logsigma=logsigma,
-            cost=1.0 - rest[..., 0] / COST_SCALE,
+            cost=next_cost,
             done_logit=rest[..., 1],
             mask_logits=rest[..., 2:],
         )

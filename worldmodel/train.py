@@ -24,7 +24,7 @@ from rlflow.fileio import write_json_atomic, write_torch_atomic
 from rlflow.nn import graph_to_data
 from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.data import RolloutData
-from rlflow.worldmodel.mdnrnn import MDNRNN, mdnrnn_losses
+from rlflow.worldmodel.mdnrnn import COST_HEADS, MDNRNN, mdnrnn_losses
 from rlflow.worldmodel.model import (
     DREAM_START,
     DYNAMICS,
@@ -59,6 +59,7 @@ class WorldModelSettings:
     rnn_epochs: int = 40  # passes over the training episodes
     rnn_batch: int = 16  # episodes per MDN-RNN minibatch
     rnn_lr: float = 1e-3  # Adam learning rate of the MDN-RNN
+    cost_head: str = "level"  # M's cost output: level (C_{t+1} / C_0) | step (the change)
     grad_clip: float = 10.0  # gradient-norm clip of both stages
     holdout: float = 0.1  # fraction of episodes held out for the wm/val_* scalars
     seed: int = 0  # seed of the split, the initialisations and the minibatch order
@@ -66,6 +67,10 @@ class WorldModelSettings:
     def validate(self) -> None:
         if min(self.latent, self.vae_epochs, self.rnn_epochs, self.rnn_hidden) < 1:
             raise RlflowError("latent, vae_epochs, rnn_epochs and rnn_hidden must be at least 1")
+        if self.cost_head not in COST_HEADS:
+            raise RlflowError(
+                f"unknown cost head {self.cost_head!r}; choose one of {', '.join(COST_HEADS)}"
+            )
 
 
 def _generator(seed: int, stage: int, epoch: int) -> tuple[np.random.Generator, int]:
@@ -109,6 +114,7 @@ def rnn_kwargs(data: RolloutData, settings: WorldModelSettings) -> dict[str, Any
         "hidden": settings.rnn_hidden,
         "mixtures": settings.mixtures,
         "action_embedding": settings.action_embedding,
+        "cost_head": settings.cost_head,
     }
 
 
@@ -289,11 +295,12 @@ def rnn_batch_losses(
     z = torch.as_tensor(latents[sequences.obs], dtype=torch.float32)  # (B, T + 1, Z)
     arrays = data.arrays
     actions = torch.as_tensor(arrays["action_rule"][sequences.steps], dtype=torch.long)
-    output, _ = rnn(z[:, :-1], actions)
+    costs = torch.as_tensor(cost_ratios(data)[sequences.obs], dtype=torch.float32)
+    output, _ = rnn(z[:, :-1], actions, cost=costs[:, :-1])
     return mdnrnn_losses(
         output,
         next_z=z[:, 1:],
-        next_cost=torch.as_tensor(cost_ratios(data)[sequences.obs[:, 1:]], dtype=torch.float32),
+        next_cost=costs[:, 1:],
         done=torch.as_tensor(arrays["terminated"][sequences.steps]),
         next_applicable=torch.as_tensor(arrays["next_rule_applicable"][sequences.steps]),
         valid=torch.as_tensor(sequences.valid),

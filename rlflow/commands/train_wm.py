@@ -13,7 +13,7 @@ from pathlib import Path
 from rlflow.commands.common import check_output_dir, print_json, stderr
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
-FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "seed"]
+FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "cost_head", "seed"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rnn-epochs", type=int, help="MDN-RNN epochs (40)")
     parser.add_argument("--rnn-hidden", type=int, help="MDN-RNN LSTM size (256)")
     parser.add_argument("--mixtures", type=int, help="Gaussians per latent dimension (8)")
+    parser.add_argument(
+        "--cost-head", choices=("level", "step"), help="M predicts the cost level or its change"
+    )
     parser.add_argument("--seed", type=int, help="seed (0)")
     add_common_options(parser, run)
 

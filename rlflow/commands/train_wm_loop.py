@@ -29,7 +29,7 @@ from rlflow.commands.wm_settings import add_common_options
 COLLECT_FLAGS = [flag for flag in collect.FLAGS if flag not in ("policy", "candidate_samples")]
 """collect's flags but the policy (the loop's own: random, then its controllers) and the
 candidate samples (guided search's data, not the world model's)."""
-WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "seed"]
+WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "cost_head", "seed"]
 CONTROLLER_FLAGS = ["method", "generations", "population", "ppo_iterations", "seed"]
 
 
@@ -69,6 +69,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--latent", type=int, help="size of z (32)")
     parser.add_argument("--vae-epochs", type=int, help="VAE epochs per round (30)")
     parser.add_argument("--rnn-epochs", type=int, help="MDN-RNN epochs per round (40)")
+    parser.add_argument(
+        "--cost-head", choices=("level", "step"), help="M predicts the cost level or its change"
+    )
     parser.add_argument("--method", choices=("cmaes", "ppo"), help="controller trainer")
     parser.add_argument("--generations", type=int, help="CMA-ES generations per round (40)")
     parser.add_argument("--population", type=int, help="CMA-ES population (16)")

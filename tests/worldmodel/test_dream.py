@@ -113,3 +113,20 @@ def test_world_model_of_the_reward_predicting_kind_is_refused(pipeline, world):
     old_meta = {key: value for key, value in world.meta.items() if key != "dynamics"}
     with pytest.raises(RlflowError, match="older rlflow"):
         WorldModel._build(vae, rnn, old_meta, world.start)
+
+
+def test_dream_of_a_step_head_prices_each_step_from_the_dream_cost(pipeline):
+    """A step-head M adds its predicted change to the dream's current cost: the dream must
+    hand that cost in (else every cost is NaN), and the return still telescopes."""
+    world = WorldModel.load(pipeline.wm)
+    world.rnn.cost_head = "step"  # same weights, read as changes
+    batch = DreamBatch(world, episodes=3, max_steps=6, rng=np.random.default_rng(0))
+    _, mask = batch.reset()
+    total, previous = np.zeros(3), batch.cost.copy()
+    for _ in range(6):
+        actions = np.array([int(np.flatnonzero(row)[0]) for row in mask])
+        _, reward, _, _, mask = batch.step(actions)
+        assert np.isfinite(batch.cost).all()
+        np.testing.assert_allclose(reward, 100.0 * (previous - batch.cost))
+        total, previous = total + reward, batch.cost.copy()
+    np.testing.assert_allclose(total, 100.0 * (1.0 - batch.cost))

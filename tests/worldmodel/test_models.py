@@ -135,3 +135,22 @@ def test_mdnrnn_state_carries_over_steps():
         torch.testing.assert_close(step.mu[:, 0], whole.mu[:, t])
     assert whole.log_pi.shape == (2, 5, 2, 4)
     torch.testing.assert_close(whole.log_pi.exp().sum(dim=-2), torch.ones(2, 5, 4))
+
+
+def test_step_cost_head_adds_the_predicted_change_to_the_current_cost():
+    """The step head's output is the change 100 (c_t - c_{t+1}); the level head's, with the
+    same weights, is 100 (1 - c_{t+1}): the same raw number read against c_t or against 1."""
+    torch.manual_seed(0)
+    level = MDNRNN(latent=4, num_rules=3, hidden=8, mixtures=2, action_embedding=4)
+    step = MDNRNN(latent=4, num_rules=3, hidden=8, mixtures=2, action_embedding=4, cost_head="step")
+    step.load_state_dict(level.state_dict())
+    z, actions = torch.randn(2, 5, 4), torch.tensor([[0, 1, 2, 3, -1], [1, 1, 1, 1, 1]])
+    cost = 0.5 + torch.rand(2, 5)
+    by_level, _ = level(z, actions)
+    by_step, _ = step(z, actions, cost=cost)
+    torch.testing.assert_close(by_step.cost, cost - (1.0 - by_level.cost))
+    torch.testing.assert_close(by_step.mu, by_level.mu)
+    without_cost, _ = step(z, actions)
+    assert torch.isnan(without_cost.cost).all()  # never a silent "relative to 1"
+    with pytest.raises(ValueError, match="cost_head"):
+        MDNRNN(latent=4, num_rules=3, cost_head="reward")
