@@ -251,9 +251,9 @@ def run_guided(run_dir: Path, start: Graph, run: Run) -> SearchResult:
 
 
 def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
-    """Roll a trained agent out from `start`, then time its best final graphs exactly as a
-    search does (`rlflow.search.finish`)."""
-    from rlflow.agents.evaluate import policy_rollouts
+    """Roll a trained agent out from `start`, then time its best graphs (each rollout's last,
+    and the cheapest it passed) exactly as a search does (`rlflow.search.finish`)."""
+    from rlflow.agents.evaluate import agent_rollouts
     from rlflow.worldmodel.policy import load_agent_policy
 
     options, progress = run.options, run.progress
@@ -268,7 +268,7 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
         progress.set_postfix_str(f"{options.episodes} {agent.kind} rollouts", refresh=True)
     # `start` is where the agent begins (the start state chosen here), not a model to which the
     # start of the agent's training env (onnxruntime's graph, say) would be applied again.
-    sessions = policy_rollouts(
+    rollouts = agent_rollouts(
         policy,
         start,
         episodes=options.episodes,
@@ -278,10 +278,12 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
         env_overrides={"start": "original", "provider": run.settings.provider},
     )
     board = Board(options.top_k)
-    for session in sessions:
-        board.offer(cost(session.graph), session)
-    root = RewriteSession(start, sessions[0].ruleset if sessions else None, model=run.label)
-    steps = sum(len(session.actions) for session in sessions)
+    for rollout in rollouts:
+        for session in rollout.sessions:
+            board.offer(cost(session.graph), session)
+    ruleset = rollouts[0].final.ruleset if rollouts else None
+    root = RewriteSession(start, ruleset, model=run.label)
+    steps = sum(len(rollout.final.actions) for rollout in rollouts)
     if progress is not None:
         progress.update(steps)
     return finish(

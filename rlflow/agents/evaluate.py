@@ -2,11 +2,14 @@
 
 Generic over the `Policy` protocol, so PPO and the world model's controller are evaluated by
 the same code: the first rollout is greedy, the others sample, and the caller measures the
-final graphs end to end (e.g. with `rlflow.search.base.finish`).
+graphs end to end (e.g. with `rlflow.search.base.finish`). Each episode also keeps the
+cheapest graph it passed (by the env's own cost, priced anyway for the reward): an agent that
+overshoots loses nothing it had found, as a search keeps the best graph it expanded.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -20,7 +23,24 @@ from rlflow.graph import Graph
 from rlflow.rewrite.session import RewriteSession
 
 
-def policy_rollouts(
+@dataclass
+class Rollout:
+    """One episode: where it ended, and the cheapest point it passed if cheaper than the end."""
+
+    final: RewriteSession
+    best: RewriteSession | None = None
+
+    @property
+    def sessions(self) -> list[RewriteSession]:
+        return [self.final] if self.best is None else [self.final, self.best]
+
+
+def policy_rollouts(policy: Policy, model: str | Graph, **options: Any) -> list[RewriteSession]:
+    """Each episode's final session of `agent_rollouts(policy, model, **options)`."""
+    return [rollout.final for rollout in agent_rollouts(policy, model, **options)]
+
+
+def agent_rollouts(
     policy: Policy,
     model: str | Graph,
     *,
@@ -28,8 +48,8 @@ def policy_rollouts(
     seed: int = 0,
     size: str = "small",
     env_overrides: dict[str, Any] | None = None,
-) -> list[RewriteSession]:
-    """Run `episodes` episodes of `policy` on `model` and return each episode's final session.
+) -> list[Rollout]:
+    """Run `episodes` episodes of `policy` on `model`: each one's final and cheapest session.
 
     The env is `policy.env_config` with `size` and then `env_overrides` applied (e.g. a
     larger `max_nodes` for a full-size model, or `cost="analytic"` to roll out without
@@ -49,18 +69,22 @@ def policy_rollouts(
         **kwargs,
     )
     rng = np.random.default_rng(seed)
-    sessions: list[RewriteSession] = []
+    rollouts: list[Rollout] = []
     try:
         for episode in range(episodes):
             observation, _ = env.reset(seed=seed + episode)
-            done = False
+            done, best, best_cost, cost = False, None, float("inf"), float("inf")
             while not done:
                 action = policy.act(
                     observation, deterministic=episode == 0, rng=rng, env=env.unwrapped
                 )
-                observation, _, terminated, truncated, _ = env.step(action)
+                observation, _, terminated, truncated, info = env.step(action)
                 done = terminated or truncated
-            sessions.append(env.unwrapped.session.fork())
+                cost = float(info["cost"])
+                if not done and cost < best_cost:
+                    best, best_cost = env.unwrapped.session.fork(), cost
+            final = env.unwrapped.session.fork()
+            rollouts.append(Rollout(final, best if best_cost < cost else None))
     finally:
         env.close()
-    return sessions
+    return rollouts

@@ -17,6 +17,7 @@ from rlflow.config import CONFIGS, read_yaml
 from rlflow.cost import AnalyticCostModel
 from rlflow.envs.graph_rewrite import _default_rules
 from rlflow.errors import RlflowError
+from rlflow.rewrite.session import RewriteSession
 
 TAGS = (
     "charts/episodic_return",
@@ -185,3 +186,36 @@ def test_load_ppo_policy_errors(tmp_path) -> None:
 
 def test_configs_ppo_yaml_mirrors_the_config_defaults() -> None:
     assert read_yaml(CONFIGS / "ppo.yaml") == PPOConfig().to_dict()
+
+
+def test_agent_rollouts_keep_the_cheapest_graph_passed(tmp_path) -> None:
+    """An episode that passes a cheaper graph than the one it ends on hands that graph back
+    too (by the env's cost): each graph of the path is priced again here to check which."""
+    from rlflow.agents.evaluate import agent_rollouts
+    from rlflow.cost import AnalyticCostModel
+    from rlflow.worldmodel.collect import RandomPolicy
+
+    policy = RandomPolicy(stop_probability=0.0)
+    policy.env_config = {"cost": "analytic", "horizon": 8}
+    rollouts = agent_rollouts(policy, "resnet-18", episodes=6, seed=1)
+    analytic = AnalyticCostModel()
+    kept = 0
+    for rollout in rollouts:
+        final = rollout.final
+        path: list[float] = []  # the cost after each step
+        RewriteSession.replay(
+            final.original,
+            final.state(),
+            final.ruleset,
+            on_step=lambda session, path=path: path.append(analytic.cost_ms(session.graph)),
+        )
+        passed = path[:-1]
+        if passed and min(passed) < path[-1]:
+            kept += 1
+            assert rollout.best is not None
+            assert len(rollout.best.actions) == int(np.argmin(passed)) + 1
+            assert rollout.best.actions == final.actions[: len(rollout.best.actions)]
+            assert rollout.sessions == [final, rollout.best]
+        else:
+            assert rollout.best is None and rollout.sessions == [final]
+    assert kept  # the random walk overshot at least once
