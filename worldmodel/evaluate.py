@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from rlflow.errors import RlflowError
-from rlflow.worldmodel.collect import CollectSettings, RandomPolicy, make_env
+from rlflow.worldmodel.collect import RandomPolicy
 from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
     ControllerSettings,
@@ -30,16 +30,16 @@ from rlflow.worldmodel.policy import policy_from_checkpoint
 
 
 def real_env(world: WorldModel, model: str) -> Any:
-    """GraphRewrite-v0 on one model, with the settings of the world model's data."""
-    env = dict(world.meta["env"])
-    settings = CollectSettings(
-        models=[model],
-        size=env.pop("size", "small"),
-        cost=env.pop("cost", "analytic"),
-        max_episode_steps=int(env.pop("max_episode_steps", 50)),
-        env=env,
-    )
-    return make_env(settings)
+    """GraphRewrite-v0 on one model, with the settings of the world model's data: its start
+    state and deploy mode included (through `CollectSettings` they fell back to its defaults,
+    so a world model of onnxruntime's graph was checked from the original)."""
+    import gymnasium as gym
+
+    from rlflow.envs import GRAPH_REWRITE_ID
+
+    config = dict(world.meta["env"])
+    steps = int(config.pop("max_episode_steps", 50))
+    return gym.make(GRAPH_REWRITE_ID, models=[model], max_episode_steps=steps, **config)
 
 
 def run_episode(env: Any, policy: Any, *, seed: int, deterministic: bool) -> dict[str, Any]:

@@ -98,6 +98,24 @@ def test_controller_beats_random_agent_in_real_env_seeded(pipeline):
     assert controller[0] == pipeline.train_controller["eval"]["temperatures"]["1"]["real_return"]
 
 
+def test_real_env_runs_as_the_data_was_collected(pipeline):
+    """The controller's real check starts where its data started (onnxruntime's graph, say)
+    and deploys as it did, not at the env's defaults."""
+    from types import SimpleNamespace
+
+    world = WorldModel.load(pipeline.wm)
+    meta_env = {**world.meta["env"], "start": "ort:all", "deploy": "offline", "cost": "analytic"}
+    env = real_env(SimpleNamespace(meta={"env": meta_env}), "resnet-18")
+    try:
+        _, info = env.reset(seed=0)
+        unwrapped = env.unwrapped
+        assert unwrapped.start == "ort:all" and unwrapped.deployment.mode == "offline"
+        assert info["model"] == "resnet-18"
+        assert env.spec.max_episode_steps == meta_env["max_episode_steps"]
+    finally:
+        env.close()
+
+
 def test_policy_applies_the_chosen_rules_cheapest_candidate(pipeline):
     policy = load_controller_policy(pipeline.controller)
     world = policy.world
