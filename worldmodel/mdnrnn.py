@@ -2,19 +2,23 @@
 the next cost ratio C_{t+1} / C_0, the done flag and the next step's per-rule applicability
 (the next action mask).
 
-M predicts the cost *level*, not the reward: the dream derives r_t = 100 (c_t - c_{t+1}) from
-consecutive predictions, so a dream return telescopes to 100 (c_0 - c_T) like the real one
-and cannot be inflated by summing per-step reward errors (a rule and its reverse, back and
-forth, each predicted as a gain). Its squared error is reported as `cost_mse`, scaled by 100
-as rewards are (so it is also the error of the reward derived from it, given the true c_t).
+The cost is predicted one of two ways (`cost_head`); the dream derives r_t = 100 (c_t - c_{t+1})
+from the costs either way, so a dream return telescopes to 100 (c_0 - c_T) like the real one.
 
-`cost_head="step"` is the other choice: M predicts the step's change 100 (c_t - c_{t+1}) from
-(z_t, a_t) and adds it to the current cost (the true one in training, the dream's own in a
-dream), so a return still telescopes over the dream's costs. A rule's effect is then learnt as
-an effect, alike at every site and depth of an episode, instead of a level the LSTM must carry
-through it; the level head extrapolates the trend of the episodes it saw (on BERT it priced an
-un-fusion that slows the graph as a gain after six that sped it up). The price: a rule and its
-reverse can both be predicted as gains.
+- `"step"` (what `train-wm` trains by default): M predicts the step's change 100 (c_t - c_{t+1})
+  from (z_t, a_t) and adds it to the current cost (the true one in training, the dream's own
+  in a dream). A rule's effect is learnt as an effect, alike at every site and depth of an
+  episode. On BERT's loop data its held-out cost error was 7x lower than the level head's, and
+  its controllers held up over the loop's rounds where the level head's fell back (SqueezeNet
+  0.829x against 0.744x after one controller round; docs/BENCHMARKS.md). The price: a rule and
+  its reverse can both be predicted as gains.
+- `"level"` (world models trained before the option; the module's default, so they load as
+  they were): M predicts the level c_{t+1} itself, which the LSTM must carry through the
+  episode; it extrapolates the trend of the episodes it saw (on BERT it priced an un-fusion
+  that slows the graph as a gain after six that sped it up).
+
+The squared error of the cost is reported as `cost_mse`, scaled by 100 as rewards are (so it
+is also the error of the reward derived from it, given the true c_t).
 
 Following Ha & Schmidhuber (2018), each latent dimension has its own K-component mixture;
 sampling at temperature tau divides the mixture logits by tau and scales sigma by sqrt(tau).
@@ -58,7 +62,8 @@ class MDNRNN(nn.Module):
         hidden: LSTM size (default 256).
         mixtures: K, Gaussians per latent dimension (default 8).
         action_embedding: size of the learned action embedding (default 32).
-        cost_head: "level" (default) or "step" (see the module docstring).
+        cost_head: "level" (default here, for older checkpoints) or "step" (see the module
+            docstring).
 
     Shapes: z (B, T, Z), actions (B, T) long, and for the step head the current cost ratios
     C_t / C_0 (B, T) -> `MDNOutput` with leading dims (B, T), and the LSTM state (h, c), each

@@ -59,7 +59,7 @@ class WorldModelSettings:
     rnn_epochs: int = 40  # passes over the training episodes
     rnn_batch: int = 16  # episodes per MDN-RNN minibatch
     rnn_lr: float = 1e-3  # Adam learning rate of the MDN-RNN
-    cost_head: str = "level"  # M's cost output: level (C_{t+1} / C_0) | step (the change)
+    cost_head: str = "step"  # M's cost output: step (the change from C_t) | level (C_{t+1} / C_0)
     grad_clip: float = 10.0  # gradient-norm clip of both stages
     holdout: float = 0.1  # fraction of episodes held out for the wm/val_* scalars
     seed: int = 0  # seed of the split, the initialisations and the minibatch order

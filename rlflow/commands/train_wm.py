@@ -28,7 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rnn-hidden", type=int, help="MDN-RNN LSTM size (256)")
     parser.add_argument("--mixtures", type=int, help="Gaussians per latent dimension (8)")
     parser.add_argument(
-        "--cost-head", choices=("level", "step"), help="M predicts the cost level or its change"
+        "--cost-head",
+        choices=("step", "level"),
+        help="M predicts the cost's change from the current cost (step, default) or its level",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     add_common_options(parser, run)

@@ -70,7 +70,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--vae-epochs", type=int, help="VAE epochs per round (30)")
     parser.add_argument("--rnn-epochs", type=int, help="MDN-RNN epochs per round (40)")
     parser.add_argument(
-        "--cost-head", choices=("level", "step"), help="M predicts the cost level or its change"
+        "--cost-head",
+        choices=("step", "level"),
+        help="M predicts the cost's change from the current cost (step, default) or its level",
     )
     parser.add_argument("--method", choices=("cmaes", "ppo"), help="controller trainer")
     parser.add_argument("--generations", type=int, help="CMA-ES generations per round (40)")

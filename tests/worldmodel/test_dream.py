@@ -115,11 +115,12 @@ def test_world_model_of_the_reward_predicting_kind_is_refused(pipeline, world):
         WorldModel._build(vae, rnn, old_meta, world.start)
 
 
-def test_dream_of_a_step_head_prices_each_step_from_the_dream_cost(pipeline):
+@pytest.mark.parametrize("head", ["step", "level"])
+def test_dream_of_either_cost_head_telescopes_over_the_dream_cost(pipeline, head):
     """A step-head M adds its predicted change to the dream's current cost: the dream must
-    hand that cost in (else every cost is NaN), and the return still telescopes."""
+    hand that cost in (else every cost is NaN); with either head the return telescopes."""
     world = WorldModel.load(pipeline.wm)
-    world.rnn.cost_head = "step"  # same weights, read as changes
+    world.rnn.cost_head = head  # the same weights, read as changes or as levels
     batch = DreamBatch(world, episodes=3, max_steps=6, rng=np.random.default_rng(0))
     _, mask = batch.reset()
     total, previous = np.zeros(3), batch.cost.copy()
