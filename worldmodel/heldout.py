@@ -21,7 +21,7 @@ from rlflow.errors import RlflowError
 from rlflow.worldmodel.data import RolloutData
 from rlflow.worldmodel.mdnrnn import mdnrnn_losses
 from rlflow.worldmodel.model import WorldModel
-from rlflow.worldmodel.train import cost_ratios, encode_all, episode_sequences
+from rlflow.worldmodel.train import encode_all, episode_sequences, rnn_predictions
 
 
 @torch.no_grad()
@@ -40,30 +40,14 @@ def heldout_report(
         raise RlflowError("no held-out episode to evaluate the world model on")
     mu, _ = encode_all(world.vae, data)
     sequences = episode_sequences(data, episodes)
-    arrays = data.arrays
-    z = torch.as_tensor(mu[sequences.obs], dtype=torch.float32)
-    actions = torch.as_tensor(arrays["action_rule"][sequences.steps], dtype=torch.long)
-    costs = torch.as_tensor(cost_ratios(data)[sequences.obs], dtype=torch.float32)
-    output, _ = world.rnn(z[:, :-1], actions, cost=costs[:, :-1])
-    valid = torch.as_tensor(sequences.valid)
-    next_cost = costs[:, 1:]
-    done = torch.as_tensor(arrays["terminated"][sequences.steps])
-    applicable = torch.as_tensor(arrays["next_rule_applicable"][sequences.steps])
-    stopped = actions == world.rnn.stop_action
-    losses = mdnrnn_losses(
-        output,
-        next_z=z[:, 1:],
-        next_cost=next_cost,
-        done=done,
-        next_applicable=applicable,
-        valid=valid,
-        stopped=stopped,
-    )
-    cost_error = (output.cost - next_cost).abs()[valid]
+    output, targets = rnn_predictions(world.rnn, data, sequences, mu)
+    losses = mdnrnn_losses(output, **targets)
+    valid, stopped = targets["valid"], targets["stopped"]
+    cost_error = (output.cost - targets["next_cost"]).abs()[valid]
     # Stop ends an episode by construction: done is scored where it is news (as M learns it).
     news = valid & ~stopped
-    done_right = ((output.done_logit > 0) == done.bool())[news]
-    mask_right = (output.mask_logits > 0) == applicable.bool()
+    done_right = ((output.done_logit > 0) == targets["done"].bool())[news]
+    mask_right = (output.mask_logits > 0) == targets["next_applicable"].bool()
     return {
         "episodes": len(episodes),
         "steps": int(valid.sum()),

@@ -24,7 +24,7 @@ from rlflow.fileio import write_json_atomic, write_torch_atomic
 from rlflow.nn import graph_to_data
 from rlflow.tensorboard import TensorBoard
 from rlflow.worldmodel.data import RolloutData
-from rlflow.worldmodel.mdnrnn import COST_HEADS, MDNRNN, mdnrnn_losses
+from rlflow.worldmodel.mdnrnn import COST_HEADS, MDNRNN, MDNOutput, mdnrnn_losses
 from rlflow.worldmodel.model import (
     DREAM_START,
     DYNAMICS,
@@ -288,24 +288,34 @@ def episode_sequences(data: RolloutData, episodes: Sequence[int]) -> Sequences:
     return Sequences(obs, steps, valid)
 
 
-def rnn_batch_losses(
+def rnn_predictions(
     rnn: MDNRNN, data: RolloutData, sequences: Sequences, latents: np.ndarray
-) -> dict[str, torch.Tensor]:
-    """The MDN-RNN losses of a batch of sequences, given one latent per observation."""
+) -> tuple[MDNOutput, dict[str, torch.Tensor]]:
+    """M's one-step predictions along `sequences`, teacher forced (the true latent, given one
+    per observation, and the true current cost for the step head), and the real next steps
+    they are scored against: `mdnrnn_losses`' keyword arguments."""
     z = torch.as_tensor(latents[sequences.obs], dtype=torch.float32)  # (B, T + 1, Z)
     arrays = data.arrays
     actions = torch.as_tensor(arrays["action_rule"][sequences.steps], dtype=torch.long)
     costs = torch.as_tensor(cost_ratios(data)[sequences.obs], dtype=torch.float32)
     output, _ = rnn(z[:, :-1], actions, cost=costs[:, :-1])
-    return mdnrnn_losses(
-        output,
-        next_z=z[:, 1:],
-        next_cost=costs[:, 1:],
-        done=torch.as_tensor(arrays["terminated"][sequences.steps]),
-        next_applicable=torch.as_tensor(arrays["next_rule_applicable"][sequences.steps]),
-        valid=torch.as_tensor(sequences.valid),
-        stopped=actions == rnn.stop_action,
-    )
+    targets = {
+        "next_z": z[:, 1:],
+        "next_cost": costs[:, 1:],
+        "done": torch.as_tensor(arrays["terminated"][sequences.steps]),
+        "next_applicable": torch.as_tensor(arrays["next_rule_applicable"][sequences.steps]),
+        "valid": torch.as_tensor(sequences.valid),
+        "stopped": actions == rnn.stop_action,
+    }
+    return output, targets
+
+
+def rnn_batch_losses(
+    rnn: MDNRNN, data: RolloutData, sequences: Sequences, latents: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """The MDN-RNN losses of a batch of sequences, given one latent per observation."""
+    output, targets = rnn_predictions(rnn, data, sequences, latents)
+    return mdnrnn_losses(output, **targets)
 
 
 def cost_ratios(data: RolloutData) -> np.ndarray:
