@@ -26,20 +26,18 @@ from rlflow.worldmodel.controller import (
     tau_dir,
 )
 from rlflow.worldmodel.model import WorldModel
-from rlflow.worldmodel.policy import policy_from_checkpoint
+from rlflow.worldmodel.policy import env_config, policy_from_checkpoint
 
 
 def real_env(world: WorldModel, model: str) -> Any:
-    """GraphRewrite-v0 on one model, with the settings of the world model's data: its start
-    state and deploy mode included (through `CollectSettings` they fell back to its defaults,
-    so a world model of onnxruntime's graph was checked from the original)."""
+    """GraphRewrite-v0 on one model, with the settings of the world model's data, its start
+    state and deploy mode included (`env_config`, as the controller's own rollouts use)."""
     import gymnasium as gym
 
     from rlflow.envs import GRAPH_REWRITE_ID
 
-    config = dict(world.meta["env"])
-    steps = int(config.pop("max_episode_steps", 50))
-    return gym.make(GRAPH_REWRITE_ID, models=[model], max_episode_steps=steps, **config)
+    steps = int(world.meta["env"].get("max_episode_steps", 50))
+    return gym.make(GRAPH_REWRITE_ID, models=[model], max_episode_steps=steps, **env_config(world))
 
 
 def run_episode(env: Any, policy: Any, *, seed: int, deterministic: bool) -> dict[str, Any]:
