@@ -46,12 +46,18 @@ if TYPE_CHECKING:
 
 class RandomPolicy:
     """RLFlow's random agent: stop with probability `stop_probability`, else a candidate drawn
-    uniformly among those on offer (stop when there is none)."""
+    uniformly among those on offer (stop when there is none).
 
-    def __init__(self, stop_probability: float = 0.2) -> None:
+    `by_rule` (`--policy random-rule`) draws a rule uniformly among the rules with a candidate
+    on offer, then one of its sites: a rule with few sites (one attention fusion per layer
+    beside a hundred element-wise moves) is drawn as often as any other, so the world model
+    sees what it does from a few episodes."""
+
+    def __init__(self, stop_probability: float = 0.2, *, by_rule: bool = False) -> None:
         if not 0.0 <= stop_probability <= 1.0:
             raise RlflowError(f"stop probability must be in [0, 1], got {stop_probability}")
         self.stop_probability = stop_probability
+        self.by_rule = by_rule
         self.env_config: dict[str, Any] = {}
 
     def act(
@@ -67,19 +73,27 @@ class RandomPolicy:
         offered = np.flatnonzero(mask[:-1])
         if offered.size == 0 or rng.random() < self.stop_probability:
             return stop
+        if self.by_rule:
+            rules = np.asarray(observation["candidate_rules"])[offered]
+            offered = offered[rules == rng.choice(np.unique(rules))]
         return int(rng.choice(offered))
 
     def __repr__(self) -> str:
-        return f"RandomPolicy(stop_probability={self.stop_probability})"
+        return f"RandomPolicy(stop_probability={self.stop_probability}, by_rule={self.by_rule})"
+
+
+RANDOM_POLICIES = ("random", "random-rule")
+"""The random agents: uniform over candidates (RLFlow's), uniform over rules then sites."""
 
 
 def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
-    """`random` (RLFlow's random agent) or `agent:RUN_DIR` (a `rlflow train-ppo` run, or a
-    `rlflow train-controller` run for World Models' iterative collection)."""
-    if spec == "random":
-        return RandomPolicy(stop_probability)
+    """`random` (RLFlow's random agent), `random-rule` (uniform over rules, then sites) or
+    `agent:RUN_DIR` (a `rlflow train-ppo` run, or a `rlflow train-controller` run for World
+    Models' iterative collection)."""
+    if spec in RANDOM_POLICIES:
+        return RandomPolicy(stop_probability, by_rule=spec == "random-rule")
     if not is_agent_spec(spec) or not spec.partition(":")[2]:
-        raise RlflowError(f"bad --policy {spec!r}: expected random or agent:RUN_DIR")
+        raise RlflowError(f"bad --policy {spec!r}: expected random, random-rule or agent:RUN_DIR")
     from rlflow.worldmodel.policy import load_agent_policy
 
     return load_agent_policy(parse_agent(spec))
@@ -91,7 +105,7 @@ class CollectSettings:
 
     models: list[str]  # zoo names or .onnx paths; one is drawn per episode (multi-graph)
     episodes: int = 64  # episodes wanted in the directory in total (finished shards count)
-    policy: str = "random"  # random | agent:RUN_DIR
+    policy: str = "random"  # random | random-rule | agent:RUN_DIR
     size: str = "small"  # zoo model size: small | medium | full
     # reward cost source of the env: analytic | perop | perop-e2e | e2e | e2e-sparse | table:...;
     # None: the env's default for the deploy mode (perop offline, analytic online)

@@ -1,9 +1,10 @@
 """The World Models loop: collect, train V and M, train the controller, collect with it, repeat.
 
-Iteration 0 collects with RLFlow's random agent; iteration k > 0 with iteration k-1's
-controller, so the data grows where the controller goes (Ha & Schmidhuber, section 5: "iterative
-training"). Each iteration trains a fresh world model on all the data so far and a fresh
-controller in its dream, then runs the controllers in the real env for their real returns.
+Iteration 0 collects with RLFlow's random agent (or the rule-balanced `random-rule`); iteration
+k > 0 with iteration k-1's controller, so the data grows where the controller goes (Ha &
+Schmidhuber, section 5: "iterative training"). Each iteration trains a fresh world model on all
+the data so far and a fresh controller in its dream, then runs the controllers in the real env
+for their real returns.
 
 LOOP_DIR/iter-K/ holds `data/` (this iteration's rollouts, a `rlflow collect` directory),
 `data-all/` (iterations 0..K merged, shards linked), `wm/` (a `train-wm` run), `controller/`
@@ -28,7 +29,7 @@ from typing import Any
 from rlflow.config import write_run_config
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_json_atomic
-from rlflow.worldmodel.collect import CollectSettings, collect, update_totals
+from rlflow.worldmodel.collect import RANDOM_POLICIES, CollectSettings, collect, update_totals
 from rlflow.worldmodel.controller import ControllerSettings
 from rlflow.worldmodel.data import MANIFEST, SHARD_PATTERN, RolloutData, read_manifest
 from rlflow.worldmodel.heldout import heldout_report, rank_correlation
@@ -49,6 +50,9 @@ class LoopSettings:
     ray_address: str | None = None  # --backend ray: the cluster (default: a local Ray)
     workers: int = 1  # in-process collection processes
     measure: bool = False  # time each controller's final graphs end to end (slow)
+    random_policy: str = "random"
+    """The first round's agent: random (RLFlow's, uniform over candidates) | random-rule
+    (uniform over rules, then sites: rules with few sites drawn as often as the others)."""
     controller_episodes: int | None = None
     """Episodes collected with each controller (rounds after the first; None: as many as the
     random round). The random round has to cover the space; a controller's rounds only add
@@ -57,6 +61,11 @@ class LoopSettings:
     def validate(self) -> None:
         if self.iterations < 1:
             raise RlflowError(f"--iterations must be at least 1, got {self.iterations}")
+        if self.random_policy not in RANDOM_POLICIES:
+            raise RlflowError(
+                f"bad random policy {self.random_policy!r}: expected one of "
+                + ", ".join(RANDOM_POLICIES)
+            )
         if self.controller_episodes is not None and self.controller_episodes < 1:
             raise RlflowError(
                 f"--controller-episodes must be at least 1, got {self.controller_episodes}"
@@ -133,7 +142,7 @@ def run_loop(
     loop_dir.mkdir(parents=True, exist_ok=True)
     identity = {
         "models": list(models),
-        "collect": asdict(replace(collect_settings, policy="random")),
+        "collect": asdict(replace(collect_settings, policy=loop.random_policy)),
         "train_wm": asdict(wm_settings),
         "train_controller": asdict(controller_settings),
     }
@@ -148,7 +157,7 @@ def run_loop(
             iterations.append(_read_json(report_path))
             continue
         _say(progress, f"iteration {index}: collect, train the world model and the controller")
-        policy = "random"
+        policy = loop.random_policy
         if index > 0:
             policy = f"agent:{iteration_dir(loop_dir, index - 1).resolve() / 'controller'}"
         settings = replace(

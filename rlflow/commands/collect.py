@@ -52,7 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--episodes", type=int, help="episodes wanted in DATA_DIR (default 64)")
     parser.add_argument(
         "--policy",
-        help="random (default) | agent:RUN_DIR (a train-ppo or train-controller run)",
+        help="random (default: uniform over candidates) | random-rule (uniform over rules, then "
+        "sites) | agent:RUN_DIR (a train-ppo or train-controller run)",
         metavar="POLICY",
     )
     parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")

@@ -66,6 +66,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_env_arguments(parser)
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance")
+    parser.add_argument(
+        "--random-policy",
+        choices=("random", "random-rule"),
+        default="random",
+        help="the first round's agent: uniform over candidates (random, RLFlow's) or over "
+        "rules, then sites (random-rule: rules with few sites drawn as often as the others)",
+    )
     parser.add_argument("--latent", type=int, help="size of z (32)")
     parser.add_argument("--vae-epochs", type=int, help="VAE epochs per round (30)")
     parser.add_argument("--rnn-epochs", type=int, help="MDN-RNN epochs per round (40)")
@@ -132,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         workers=args.workers,
         measure=args.measure,
+        random_policy=args.random_policy,
         controller_episodes=args.controller_episodes,
     )
     out = Path(args.out)

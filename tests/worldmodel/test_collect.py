@@ -149,6 +149,19 @@ def test_random_policy_is_rlflows_random_agent():
     assert RandomPolicy(0.0).act({"action_mask": np.array([0, 0, 1])}, rng=rng) == 2
 
 
+def test_rule_balanced_random_policy_draws_rules_evenly():
+    # rule 7 has one candidate, rule 3 has four: uniform over rules, each half the draws
+    mask = np.array([1, 1, 1, 1, 1, 0, 1], dtype=np.int8)
+    rules = np.array([3, 3, 7, 3, 3, -1])
+    observation = {"action_mask": mask, "candidate_rules": rules}
+    rng = np.random.default_rng(0)
+    policy = load_policy("random-rule", 0.0)
+    draws = np.bincount([policy.act(observation, rng=rng) for _ in range(4000)], minlength=7)
+    assert draws[5] == draws[6] == 0  # not offered; never stops with stop probability 0
+    assert 1800 < draws[2] < 2200  # the one-site rule: half, not a fifth
+    assert max(draws[[0, 1, 3, 4]]) - min(draws[[0, 1, 3, 4]]) < 200
+
+
 @pytest.mark.parametrize("spec", ["greedy", "ppo", "ppo:", "random:x"])
 def test_bad_policy_specs(spec):
     with pytest.raises(RlflowError, match="bad --policy"):

@@ -119,6 +119,23 @@ def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys)
     assert (out / "iter-1" / "report.json").stat().st_mtime_ns == stamp
 
 
+def test_the_first_round_can_draw_rules_evenly(tmp_path, capsys) -> None:
+    config = tmp_path / "loop.yaml"
+    config.write_text(yaml.safe_dump(LOOP_CONFIG))
+    out = tmp_path / "loop"
+    argv = [
+        "train-wm-loop", "--model", "resnet-18", "--out", str(out), "--iterations", "1",
+        "--episodes", "4", "--config", str(config), "--quiet",
+    ]  # fmt: skip
+    assert main([*argv, "--random-policy", "random-rule", "--json"]) == 0
+    (first,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["iterations"]
+    assert first["policy"] == "random-rule"
+    assert read_manifest(out / "iter-0" / "data")["settings"]["policy"] == "random-rule"
+    # the loop's data came from that agent: a rerun asking for the other one is refused
+    assert main(argv) == 2
+    assert "made with other settings (collect differ)" in capsys.readouterr().err
+
+
 def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     out = tmp_path / "loop"
     argv = ["train-wm-loop", "--model", "resnet-18", "--out", str(out)]
