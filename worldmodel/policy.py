@@ -9,6 +9,11 @@ candidate this way (`ControllerPolicy.act`):
    episode (reset when the observation's step fraction is 0, or by `reset()`).
 2. The real action mask decides which rules are applicable: an active rule with at least
    one candidate on offer, plus stop (rules the collected data never saw cannot be chosen).
+   With the env object, a candidate whose result is a graph this episode has already been at
+   does not count: the dream has no graphs to recognise, so a controller can learn a rule and
+   its reverse as a cycle that M prices as two gains (BERT: SkipLayerNorm fused and unfused 50
+   times in a 50-step episode); in the real env it never returns to a graph, as BRKGA's
+   decoder and taso's search do not.
 3. Among the chosen rule's offered candidates, the one whose rewritten graph has the lowest
    analytic (roofline) cost is applied -- a free, deterministic site choice that needs no
    measurement. Without the env object (`env=None`), the rule's first offered slot is used.
@@ -66,10 +71,13 @@ class ControllerPolicy:
         self._costs: dict[str, float] = {}
         self._rules = RuleTranslation(world.rule_names)
         self._state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._visited: set[str] = set()
 
     def reset(self) -> None:
-        """Forget the episode's recurrent state (done automatically at step fraction 0)."""
+        """Forget the episode's recurrent state and the graphs it visited (done automatically
+        at step fraction 0)."""
         self._state = None
+        self._visited = set()
 
     def _candidate_cost(self, graph: Any) -> float:
         digest = graph.canonical_hash()
@@ -97,6 +105,18 @@ class ControllerPolicy:
         x = torch.cat([mu, hidden], dim=1).numpy().astype(np.float64)
         logits = self.controller.logits(x)[0]
         valid = world.applicable_actions(observation)
+        mask = np.asarray(observation["action_mask"])
+        rules = np.asarray(observation["candidate_rules"])
+        offered = np.flatnonzero(mask[:-1] > 0)
+        if unwrapped is not None:  # not back to a graph of this episode (module docstring)
+            candidates = unwrapped.offered_candidates()
+            self._visited.add(unwrapped.current_graph().canonical_hash())
+            offered = np.array(
+                [slot for slot in offered if candidates[slot].graph_hash not in self._visited],
+                dtype=np.int64,
+            )
+            new_rules = np.isin(world.action_rules(np.arange(len(valid) - 1)), rules[offered])
+            valid[:-1] &= new_rules
         if deterministic or rng is None:
             action = int(masked_argmax(logits, valid))
         else:
@@ -107,15 +127,11 @@ class ControllerPolicy:
         _, self._state = world.rnn(
             mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self._state
         )
-        mask = np.asarray(observation["action_mask"])
-        stop = len(mask) - 1
         if action == world.num_actions - 1:
-            return stop
-        rules = np.asarray(observation["candidate_rules"])
-        slots = np.flatnonzero((rules == rule) & (mask[:-1] > 0))
-        if env is None or len(slots) == 1:
+            return len(mask) - 1  # stop
+        slots = offered[rules[offered] == rule]
+        if unwrapped is None or len(slots) == 1:
             return int(slots[0])
-        candidates = unwrapped.offered_candidates()
         costs = [self._candidate_cost(candidates[slot].graph) for slot in slots]
         return int(slots[int(np.argmin(costs))])
 

@@ -121,9 +121,11 @@ def test_policy_applies_the_chosen_rules_cheapest_candidate(pipeline):
     world = policy.world
     env = real_env(world, "resnet-18")
     analytic = AnalyticCostModel()
+    visited = set()
     try:
         observation, _ = env.reset(seed=0)
         for _ in range(6):
+            visited.add(env.unwrapped.current_graph().canonical_hash())
             slot = policy.act(observation, deterministic=True, rng=None, env=env.unwrapped)
             mask = observation["action_mask"]
             if slot == len(mask) - 1:
@@ -132,9 +134,10 @@ def test_policy_applies_the_chosen_rules_cheapest_candidate(pipeline):
             rule = observation["candidate_rules"][slot]
             assert rule in world.active_rules
             offered = env.unwrapped.offered_candidates()
-            same_rule = [
+            same_rule = [  # the rule's candidates that do not go back to a graph of the episode
                 analytic.cost_ms(offered[i].graph)
                 for i in np.flatnonzero(observation["candidate_rules"] == rule)
+                if offered[i].graph_hash not in visited
             ]
             assert analytic.cost_ms(offered[slot].graph) == min(same_rule)
             observation, _, terminated, truncated, _ = env.step(slot)
@@ -142,6 +145,37 @@ def test_policy_applies_the_chosen_rules_cheapest_candidate(pipeline):
                 break
     finally:
         env.close()
+
+
+def test_policy_never_returns_to_a_graph_of_its_episode(pipeline):
+    # A controller that wants a rule and, even more, its reverse: the cycle a dream can sell
+    policy = load_controller_policy(pipeline.controller)
+    world = policy.world
+    names = [world.rule_names[rule] for rule in world.active_rules]
+    forward = next(name for name in names if f"{name}-reverse" in names)
+    bias = np.zeros(world.num_actions)
+    bias[names.index(forward)], bias[names.index(f"{forward}-reverse")] = 10.0, 20.0
+    bias[-1] = -100.0  # never stop
+    inputs = world.latent + world.hidden
+    weights = np.zeros(world.num_actions * inputs)
+    policy.controller = LinearController(world.num_actions, inputs, np.concatenate([weights, bias]))
+    env = real_env(world, "resnet-18")
+    visited, applied = [], []
+    try:
+        observation, _ = env.reset(seed=0)
+        for _ in range(8):
+            visited.append(env.unwrapped.current_graph().canonical_hash())
+            slot = policy.act(observation, deterministic=True, rng=None, env=env.unwrapped)
+            if slot == len(observation["action_mask"]) - 1:
+                break
+            applied.append(env.unwrapped.rule_names[observation["candidate_rules"][slot]])
+            observation, _, terminated, truncated, _ = env.step(slot)
+            if terminated or truncated:
+                break
+    finally:
+        env.close()
+    assert applied[0] in (forward, f"{forward}-reverse")  # what the controller wants most
+    assert len(visited) == len(set(visited)), applied
 
 
 def test_policy_without_env_takes_the_rules_first_slot(pipeline):
