@@ -112,28 +112,40 @@ class RuleSet:
                 alike (the same candidates, found with less matching and fewer new weights).
         """
         limit = 2 * len(graph) if max_ops is None else max_ops
-        position = {id(node): index for index, node in enumerate(graph.nodes)}
+        position = node_positions(graph)
         seen = {graph.canonical_hash()}
         candidates = []
         if memo is not None:
             memo.start()
         for rule, match in self.sites(graph, memo):
-            try:
-                if memo is None:
-                    result = rule.derive(graph, match)
-                else:
-                    result = memo.derive(rule, graph, match)
-            except RewriteRejected:
+            result = derive_within(rule, graph, match, limit, memo)
+            if result is None or result.hash in seen:
                 continue
-            if result.num_nodes > limit:
-                continue
-            digest = result.hash
-            if digest in seen:
-                continue
-            seen.add(digest)
-            site = tuple(position[id(node)] for node in (*match.nodes, *match.keep))
-            candidates.append(Candidate(rule, site, result))
+            seen.add(result.hash)
+            candidates.append(Candidate(rule, site_of(match, position), result))
         return candidates
+
+
+def node_positions(graph: Graph) -> dict[int, int]:
+    """id(node) -> its index in `graph.nodes`: what `site_of` turns a match's nodes into."""
+    return {id(node): index for index, node in enumerate(graph.nodes)}
+
+
+def site_of(match: Match, position: dict[int, int]) -> tuple[int, ...]:
+    """A match's site: the indices of its nodes, anchor first, then the ones it keeps."""
+    return tuple(position[id(node)] for node in (*match.nodes, *match.keep))
+
+
+def derive_within(
+    rule: Rule, graph: Graph, match: Match, max_ops: int, memo: RewriteMemo | None = None
+) -> Derivation | None:
+    """The rule's result at `match`, or None when the rule rejects it or it has more than
+    `max_ops` operators (not a candidate): the test every enumeration of candidates applies."""
+    try:
+        result = rule.derive(graph, match) if memo is None else memo.derive(rule, graph, match)
+    except RewriteRejected:
+        return None
+    return None if result.num_nodes > max_ops else result
 
 
 def default_ruleset(portable: bool = False, refresh: bool = False) -> RuleSet:

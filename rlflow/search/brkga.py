@@ -40,9 +40,9 @@ import numpy as np
 from rlflow.cost import Runner
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph, Node
-from rlflow.rewrite.replacement import Match, RewriteRejected
+from rlflow.rewrite.replacement import Match
 from rlflow.rewrite.rule import Rule
-from rlflow.rewrite.ruleset import Candidate
+from rlflow.rewrite.ruleset import Candidate, derive_within, node_positions, site_of
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search.base import DEFAULT_TOP_K, NO_PROGRESS, Board, Progress, SearchResult, finish
 from rlflow.search.cost import SearchCost
@@ -180,12 +180,12 @@ class Decoder:
         result hash). A full enumeration derives and hashes every candidate, ten times the work
         of a decoding step on a medium-size graph."""
         graph = walker.graph
-        position = {id(node): at for at, node in enumerate(graph.nodes)}
+        position = node_positions(graph)
         lineage: dict[int, int] = {}
         walker.memo.start()
         ranked: list[tuple[float, int, Rule, Match, tuple[int, ...]]] = []
         for order, (rule, match) in enumerate(walker.ruleset.sites(graph, walker.memo)):
-            site = tuple(position[id(node)] for node in (*match.nodes, *match.keep))
+            site = site_of(match, position)
             key = float(keys[self.gene(graph, rule.name, site, lineage, position)])
             if key >= self.config.threshold:
                 ranked.append((-key, order, rule, match, site))
@@ -197,11 +197,8 @@ class Decoder:
                 end += 1
             best: Candidate | None = None
             for _, _, rule, match, site in ranked[start:end]:
-                try:
-                    result = walker.memo.derive(rule, graph, match)
-                except RewriteRejected:
-                    continue
-                if result.num_nodes > walker.max_ops or result.hash in visited:
+                result = derive_within(rule, graph, match, walker.max_ops, walker.memo)
+                if result is None or result.hash in visited:
                     continue
                 if best is None or result.hash < best.graph_hash:
                     best = Candidate(rule, site, result)
