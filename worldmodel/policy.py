@@ -115,8 +115,7 @@ class ControllerPolicy:
                 [slot for slot in offered if candidates[slot].graph_hash not in self._visited],
                 dtype=np.int64,
             )
-            new_rules = np.isin(world.action_rules(np.arange(len(valid) - 1)), rules[offered])
-            valid[:-1] &= new_rules
+            valid[:-1] &= np.isin(world.active_rules, rules[offered])
         if deterministic or rng is None:
             action = int(masked_argmax(logits, valid))
         else:
