@@ -4,6 +4,7 @@ retrain, repeat; the held-out report of each world model, and dream-vs-real rank
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,14 +85,19 @@ def test_merge_rollouts_links_every_shard_in_order(pipeline, tmp_path) -> None:
     assert {path.name: path.stat().st_ino for path in merged.iterdir()} == before
 
 
-def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys) -> None:
+def tiny_loop(tmp_path, *flags: str) -> tuple[list[str], Path]:
+    """`rlflow train-wm-loop` on resnet-18 with LOOP_CONFIG and `flags`; argv and LOOP_DIR."""
     config = tmp_path / "loop.yaml"
     config.write_text(yaml.safe_dump(LOOP_CONFIG))
     out = tmp_path / "loop"
-    argv = [
-        "train-wm-loop", "--model", "resnet-18", "--out", str(out), "--iterations", "2",
-        "--episodes", "8", "--controller-episodes", "3", "--config", str(config), "--quiet",
-    ]  # fmt: skip
+    argv = ["train-wm-loop", "--model", "resnet-18", "--out", str(out), "--config", str(config)]
+    return [*argv, "--quiet", *flags], out
+
+
+def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys) -> None:
+    argv, out = tiny_loop(
+        tmp_path, "--iterations", "2", "--episodes", "8", "--controller-episodes", "3"
+    )
     assert main([*argv, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     first, second = summary["iterations"]
@@ -120,13 +126,7 @@ def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys)
 
 
 def test_the_first_round_can_draw_rules_evenly(tmp_path, capsys) -> None:
-    config = tmp_path / "loop.yaml"
-    config.write_text(yaml.safe_dump(LOOP_CONFIG))
-    out = tmp_path / "loop"
-    argv = [
-        "train-wm-loop", "--model", "resnet-18", "--out", str(out), "--iterations", "1",
-        "--episodes", "4", "--config", str(config), "--quiet",
-    ]  # fmt: skip
+    argv, out = tiny_loop(tmp_path, "--iterations", "1", "--episodes", "4")
     assert main([*argv, "--random-policy", "random-rule", "--json"]) == 0
     (first,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["iterations"]
     assert first["policy"] == "random-rule"
