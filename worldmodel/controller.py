@@ -22,8 +22,10 @@ from rlflow.worldmodel.dream import DreamBatch
 from rlflow.worldmodel.model import WorldModel
 
 METHODS = ("cmaes", "ppo")
+SELECTIONS = ("real-return", "temperature")
 WORLD_BUNDLE = "world_model.pt"
 CONTROLLER_CHECKPOINT = "controller.pt"
+EVAL_REPORT = "eval.json"  # the controllers in the real env (--eval-real, the loop)
 
 
 def tau_dir(run_dir: Path, temperature: float) -> Path:
@@ -36,8 +38,13 @@ class ControllerSettings:
     """Hyperparameters of `rlflow train-controller` (mirrored by configs/worldmodel.yaml)."""
 
     method: str = "cmaes"  # cmaes (World Models) | ppo (RLFlow)
-    temperature: float = 1.0  # tau of the controller the run's policy uses
+    temperature: float = 1.0  # tau of the controller the run's policy uses (see `select`)
     temperatures: list[float] = field(default_factory=lambda: [0.5, 1.0, 1.5])  # the tau table
+    select: str = "real-return"
+    """Which tau's controller the run's policy is: real-return (the best real return, once the
+    controllers ran in the real env: --eval-real, or the loop; until then `temperature`) |
+    temperature (always `temperature`). World Models reads its tau table the same way: the
+    dream trains, the real env picks."""
     max_steps: int = 50  # dream episode truncation (the real env's max_episode_steps)
     generations: int = 40  # CMA-ES generations
     population: int = 16  # CMA-ES population size
@@ -60,6 +67,10 @@ class ControllerSettings:
             raise RlflowError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if not self.temperatures or any(t <= 0 for t in self.temperatures):
             raise RlflowError("temperatures must be a non-empty list of positive numbers")
+        if self.select not in SELECTIONS:
+            raise RlflowError(
+                f"unknown select {self.select!r}; choose one of {', '.join(SELECTIONS)}"
+            )
         if self.temperature not in self.temperatures:
             raise RlflowError(
                 f"temperature {self.temperature} is not among temperatures {self.temperatures}"
@@ -94,6 +105,19 @@ class LinearController:
     def logits(self, x: np.ndarray) -> np.ndarray:
         """(n, A) from x (n, D)."""
         return batched_logits(self.params[None], np.asarray(x)[None], self.num_actions)[0]
+
+
+def selected_temperature(
+    temperature: float, select: str, real_returns: dict[float, float] | None
+) -> float:
+    """The tau of a run's policy: `temperature`, unless `select` is real-return and the
+    controllers' real returns are known; then the best of them (ties: `temperature` first,
+    then the lower tau)."""
+    if select != "real-return" or not real_returns:
+        return temperature
+    best = max(real_returns.values())
+    tied = [tau for tau, value in real_returns.items() if value == best]
+    return temperature if temperature in tied else min(tied)
 
 
 def batched_logits(params: np.ndarray, x: np.ndarray, num_actions: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
     ControllerSettings,
     dream_returns,
+    selected_temperature,
     tau_dir,
 )
 from rlflow.worldmodel.model import WorldModel
@@ -78,7 +79,8 @@ def evaluate_real(
     measure: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """The temperature table: per tau, dream return, real return, gap and measured speedup."""
+    """The temperature table: per tau, dream return, real return, gap and measured speedup;
+    `selected_temperature` is the tau the run's policy uses from now on (`settings.select`)."""
     from tqdm import tqdm
 
     from rlflow.cost import OrtSettings, Runner, geometric_mean
@@ -171,8 +173,12 @@ def evaluate_real(
             "random_return": float(np.mean(list(random_returns.values()))),
         }
     measurements = env_measurements + (runner.sessions_built if runner is not None else 0)
+    real_returns = {row["temperature"]: row["real_return"] for row in rows.values()}
     return {
         "temperatures": rows,
+        "selected_temperature": selected_temperature(
+            settings.temperature, settings.select, real_returns
+        ),
         "per_model": per_model,
         "random_returns": random_returns,
         "real_env_steps": real_steps,

@@ -30,7 +30,7 @@ from rlflow.config import write_run_config
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_json_atomic
 from rlflow.worldmodel.collect import RANDOM_POLICIES, CollectSettings, collect, update_totals
-from rlflow.worldmodel.controller import ControllerSettings
+from rlflow.worldmodel.controller import EVAL_REPORT, ControllerSettings
 from rlflow.worldmodel.data import MANIFEST, SHARD_PATTERN, RolloutData, read_manifest
 from rlflow.worldmodel.heldout import heldout_report, rank_correlation
 from rlflow.worldmodel.model import WorldModel
@@ -215,7 +215,7 @@ def run_loop(
             measure=loop.measure,
             progress=progress,
         )
-        write_json_atomic(controller_dir / "eval.json", real)
+        write_json_atomic(controller_dir / EVAL_REPORT, real)
         entry = {
             "iteration": index,
             "policy": policy,
@@ -234,6 +234,7 @@ def run_loop(
                 }
                 for tau, row in real["temperatures"].items()
             ],
+            "selected_temperature": real["selected_temperature"],
             "eval_real_env_steps": real["real_env_steps"],
             "eval_real_measurements": real["real_measurements"],
         }

@@ -122,6 +122,19 @@ class WorldModel:
         rules = self.active_rules[np.minimum(actions, len(self.active_rules) - 1)]
         return np.where(stop, self.rnn.num_rules, rules)
 
+    @property
+    def reverse_actions(self) -> np.ndarray:
+        """(A,) int64: for each dream action, the dream action of its reverse rule (`R` and
+        `R-reverse`, as rules declare a reversible pair), -1 where none is active and for stop."""
+        names = self.rule_names
+        action_of = {names[rule]: action for action, rule in enumerate(self.active_rules)}
+        reverse = np.full(self.num_actions, -1, dtype=np.int64)
+        for action, rule in enumerate(self.active_rules):
+            name = names[rule]
+            pair = name.removesuffix("-reverse") if name.endswith("-reverse") else f"{name}-reverse"
+            reverse[action] = action_of.get(pair, -1)
+        return reverse
+
     @torch.no_grad()
     def encode(self, observations: list[dict[str, np.ndarray]]) -> tuple[Tensor, Tensor]:
         """mu and log sigma (B, Z) of padded env observations."""

@@ -25,6 +25,7 @@ controller run; it lives here because only this layer knows both.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,11 @@ from rlflow.config import read_yaml
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
+    EVAL_REPORT,
     WORLD_BUNDLE,
     LinearController,
     masked_argmax,
+    selected_temperature,
     tau_dir,
 )
 from rlflow.worldmodel.model import CONFIG, WorldModel, load_checkpoint
@@ -144,7 +147,9 @@ class ControllerPolicy:
 def load_controller_policy(
     run_dir: str | Path, temperature: float | None = None
 ) -> ControllerPolicy:
-    """The policy of a `rlflow train-controller` run (at its main temperature by default)."""
+    """The policy of a `rlflow train-controller` run: at `temperature` if given, else the tau
+    its settings select (`ControllerSettings.select`: by the real returns in its `eval.json`
+    when there is one; runs made before the setting keep their main temperature)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RlflowError(f"no such controller run directory: {run_dir}")
@@ -155,9 +160,23 @@ def load_controller_policy(
     if config.get("kind") != "controller":
         raise RlflowError(f"{config_path} is not a controller run config (kind != controller)")
     if temperature is None:
-        temperature = float(config.get("temperature", 1.0))
+        temperature = run_temperature(run_dir, config)
     world = WorldModel.from_bundle(run_dir / WORLD_BUNDLE)
     return policy_from_checkpoint(world, tau_dir(run_dir, temperature) / CONTROLLER_CHECKPOINT)
+
+
+def run_temperature(run_dir: Path, config: Mapping[str, Any]) -> float:
+    """The tau of a controller run's policy (see `load_controller_policy`)."""
+    main = float(config.get("temperature", 1.0))
+    eval_path = run_dir / EVAL_REPORT
+    if config.get("select", "temperature") != "real-return" or not eval_path.is_file():
+        return main
+    try:
+        rows = json.loads(eval_path.read_text(encoding="utf-8"))["temperatures"].values()
+        returns = {float(row["temperature"]): float(row["real_return"]) for row in rows}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise RlflowError(f"{eval_path} is unreadable ({error}); delete it or rerun") from None
+    return selected_temperature(main, "real-return", returns)
 
 
 def policy_from_checkpoint(world: WorldModel, path: Path) -> ControllerPolicy:

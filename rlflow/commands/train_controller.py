@@ -23,6 +23,7 @@ FLAGS = [
     "ppo_iterations",
     "temperature",
     "temperatures",
+    "select",
     "seed",
 ]
 
@@ -47,6 +48,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, help="tau of the run's policy (1.0)")
     parser.add_argument(
         "--temperatures", type=_temperatures, help="taus to train at, e.g. 0.5,1,1.5"
+    )
+    parser.add_argument(
+        "--select",
+        choices=("real-return", "temperature"),
+        help="the run's policy: the tau with the best --eval-real return (default) | --temperature",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument(
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     check_output_dir("--out", args.out)  # before torch loads
 
-    from rlflow.worldmodel.controller import ControllerSettings
+    from rlflow.worldmodel.controller import EVAL_REPORT, ControllerSettings
     from rlflow.worldmodel.model import WorldModel
     from rlflow.worldmodel.train_controller import train_controller
 
@@ -125,8 +131,9 @@ def run(args: argparse.Namespace) -> int:
             measure=not args.no_measure,
             progress=not args.quiet,
         )
-        write_json_atomic(out / "eval.json", report)
+        write_json_atomic(out / EVAL_REPORT, report)
         summary["eval"] = report
+        summary["temperature"] = report["selected_temperature"]
     summary["real_env_steps"] = summary["collect_real_env_steps"] + (
         report["real_env_steps"] if report else 0
     )
@@ -134,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         report["real_measurements"] if report else 0
     )
     summary["wall_s"] = time.perf_counter() - started
-    write_json_atomic(out / "progress.json", _progress(summary, report, settings.temperature))
+    write_json_atomic(out / "progress.json", _progress(summary, report, summary["temperature"]))
     if args.json:
         print_json(summary)
     else:
@@ -145,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
             )
         if report is not None:
             print(temperature_table(report))
-            print(f"wrote {out / 'eval.json'}")
+            print(
+                f"the run's policy: tau {summary['temperature']:g} ({settings.select}); "
+                f"wrote {out / EVAL_REPORT}"
+            )
         print(
             f"real env steps {summary['real_env_steps']} (collect "
             f"{summary['collect_real_env_steps']}, dream training 0), real measurements "

@@ -15,6 +15,7 @@ from rlflow.worldmodel.controller import (
     LinearController,
     batched_logits,
     dream_returns,
+    selected_temperature,
 )
 from rlflow.worldmodel.evaluate import real_env, run_episode
 from rlflow.worldmodel.model import WorldModel
@@ -95,7 +96,43 @@ def test_controller_beats_random_agent_in_real_env_seeded(pipeline):
         env.close()
     assert controller[0] == controller[1]  # deterministic: seeds only pick the model
     assert controller[0] > np.mean(random)
-    assert controller[0] == pipeline.train_controller["eval"]["temperatures"]["1"]["real_return"]
+    report = pipeline.train_controller["eval"]
+    chosen = report["temperatures"][f"{report['selected_temperature']:g}"]
+    assert policy.temperature == report["selected_temperature"]
+    assert controller[0] == chosen["real_return"]
+    assert chosen["real_return"] == max(
+        row["real_return"] for row in report["temperatures"].values()
+    )
+
+
+def test_selected_temperature_is_the_best_real_return():
+    returns = {0.5: 3.0, 1.0: 2.0, 1.5: 3.0}
+    assert selected_temperature(1.0, "real-return", returns) == 0.5  # a tie: the lower tau
+    assert selected_temperature(1.5, "real-return", returns) == 1.5  # a tie with the main one
+    assert selected_temperature(1.0, "temperature", returns) == 1.0
+    assert selected_temperature(1.0, "real-return", None) == 1.0  # nothing measured yet
+
+
+def test_run_policy_follows_its_select_setting(pipeline, tmp_path):
+    """A controller run's policy is the tau with the best real return in its eval.json; with
+    `select: temperature`, or with no eval.json yet, its main temperature."""
+    import shutil
+
+    import yaml
+
+    report = pipeline.train_controller["eval"]
+    run = tmp_path / "controller"
+    shutil.copytree(pipeline.controller, run)
+    assert load_controller_policy(run).temperature == report["selected_temperature"]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "select": "temperature"}))
+    assert load_controller_policy(run).temperature == config["temperature"]
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "eval.json").unlink()
+    assert load_controller_policy(run).temperature == config["temperature"]
+    (run / "eval.json").write_text("{")
+    with pytest.raises(RlflowError, match="eval.json is unreadable"):
+        load_controller_policy(run)
 
 
 def test_real_env_runs_as_the_data_was_collected(pipeline):
@@ -223,6 +260,7 @@ def test_identical_controllers_get_identical_dream_returns(pipeline):
         ({"method": "sgd"}, "unknown method"),
         ({"temperature": 2.0}, "not among temperatures"),
         ({"population": 1}, "population"),
+        ({"select": "dream"}, "unknown select"),
     ],
 )
 def test_controller_settings_are_checked(change, message):

@@ -101,6 +101,42 @@ def test_dream_return_telescopes_to_the_predicted_cost(world):
         assert total == pytest.approx(100.0 * (1.0 - cost))
 
 
+def test_the_reverse_of_the_last_rule_applied_is_not_offered(world):
+    """Right after a rule, its reverse is masked (the real policy never returns to the graph it
+    just left); everything else in the step is M's, as without the pair."""
+    from rlflow.worldmodel.model import WorldModel
+
+    offered = world.start["applicable"][:, world.active_rules].any(axis=0)
+    first = int(np.flatnonzero(offered)[0])
+    other = next(a for a in range(world.num_actions - 1) if a != first)
+    plain = [f"rule-{index}" for index in range(len(world.rule_names))]  # no pair at all
+    names = list(plain)
+    names[world.active_rules[first]] = "some-rule"
+    names[world.active_rules[other]] = "some-rule-reverse"
+    paired = WorldModel(world.vae, world.rnn, {**world.meta, "rule_names": names}, world.start)
+    assert paired.reverse_actions[first] == other and paired.reverse_actions[other] == first
+    assert paired.reverse_actions[-1] == -1  # stop has none
+    assert set(world.reverse_actions[world.reverse_actions >= 0]) <= set(range(world.num_actions))
+
+    def first_step(model: WorldModel) -> tuple[np.ndarray, np.ndarray]:
+        batch = DreamBatch(model, episodes=16, max_steps=5, rng=np.random.default_rng(0))
+        _, start_mask = batch.reset()
+        _, _, _, _, mask = batch.step(np.full(16, first))
+        return start_mask[:, first], mask
+
+    applied, mask = first_step(paired)
+    assert applied.any()
+    assert not mask[applied, other].any()
+    unpaired_world = WorldModel(
+        world.vae, world.rnn, {**world.meta, "rule_names": plain}, world.start
+    )
+    assert (unpaired_world.reverse_actions == -1).all()
+    _, unpaired = first_step(unpaired_world)
+    expected = unpaired.copy()
+    expected[applied, other] = False
+    np.testing.assert_array_equal(mask, expected)
+
+
 def test_dream_starts_at_the_recorded_cost(world):
     np.testing.assert_allclose(world.start["cost"], 1.0)  # C_0 / C_0 of every start graph
 
