@@ -6,8 +6,9 @@ one run per seed: `.../NAME/seed-S`). Every result of a model was timed in one i
 against the original under onnxruntime's defaults, so the speedups compare directly. Agents are
 grouped by NAME (the seeds' parent directory) into mean, min and max; beside them, what their
 training spent in the real environment: env steps and end-to-end measurements (a PPO run's
-progress.json; a controller's from the data directory its world model was trained on; a
-fine-tuned run adds the run it started from, `init_from`).
+progress.json; a controller's from the data directory its world model was trained on, plus the
+real episodes that chose its temperature when it was chosen by real return; a fine-tuned run
+adds the run it started from, `init_from`).
 
     python scripts/learners_table.py runs/l18/bench-bert runs/l18/bench-squeezenet \\
         --png docs/img/learners_medium.png > learners.md
@@ -39,7 +40,13 @@ def training_cost(run_dir: Path) -> tuple[int, int]:
     if config.get("kind") == "controller":  # the dream is free; the data it learnt from is not
         data = Path(read_yaml(Path(config["wm"]) / "config.yaml")["data"])
         totals = json.loads((data / "manifest.json").read_text())["totals"]
-        return int(totals["real_env_steps"]), int(totals["real_measurements"])
+        steps, measurements = int(totals["real_env_steps"]), int(totals["real_measurements"])
+        chosen_by = run_dir / "eval.json"  # the real episodes that picked the run's tau
+        if config.get("select") == "real-return" and chosen_by.is_file():
+            report = json.loads(chosen_by.read_text())
+            steps += int(report["real_env_steps"])
+            measurements += int(report["real_measurements"])
+        return steps, measurements
     progress = json.loads((run_dir / "progress.json").read_text())
     steps, measurements = int(progress["global_step"]), int(progress["real_measurements"])
     if config.get("init_from"):

@@ -11,11 +11,13 @@ on the predicted costs, r_t = 100 (c_{t-1} - c_t) with c = C / C_0, so a dream r
 worth after both, not two predicted gains. Nothing here imports or steps GraphRewrite-v0 --
 RLFlow's code stepped the real env for masks; this one does not.
 
-One thing the dream knows without M: right after a rule, its reverse (`R` / `R-reverse`) is
-not offered. In the real env the controller never returns to a graph of its episode
-(rlflow.worldmodel.policy), and the dream has no graphs to recognise: without this, M's small
-errors price a rule and its reverse as two gains, and CMA-ES learns the cycle (BERT: a
-SkipLayerNorm fused and unfused 50 times in a 50-step episode, dream return 73 against 16 real).
+One thing the dream knows without M: a rule pair (`R` / `R-reverse`) goes one way per episode.
+Once R has been applied, R-reverse is not offered for the rest of the episode, and the other
+way round; the controller acts under the same rule in the real env (rlflow.worldmodel.policy).
+The dream has no graphs to recognise, so without it M's small errors price a rule and its
+reverse as two gains and CMA-ES learns the cycle (BERT: a SkipLayerNorm fused and unfused 50
+times in a 50-step episode, dream return 73 against 16 real); masking only the reverse of the
+last rule was not enough (R, X, R-reverse, Y, R, ...: dream returns 62 against 8-11 real).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class DreamBatch:
     stop. An action whose mask entry is 0 is a no-op, fed to M as such (as the real env's
     masked action). An episode ends (terminated) on stop, when M's done flag is drawn, or when
     M predicts no active rule applicable; it is truncated after `max_steps` steps. The
-    reverse of the last rule applied is masked (module docstring).
+    reverse of every rule applied in the episode is masked (module docstring).
     """
 
     def __init__(
@@ -73,7 +75,7 @@ class DreamBatch:
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.mask = np.ones((self.size, world.num_actions), dtype=bool)
         self.reverse = world.reverse_actions
-        self.last = np.full(self.size, -1, dtype=np.int64)  # last rule action applied
+        self.blocked = np.zeros((self.size, world.num_actions), dtype=bool)  # reverses applied
         self.steps = 0
 
     def _shared(self, draw: np.ndarray) -> np.ndarray:
@@ -101,7 +103,7 @@ class DreamBatch:
         self.state = None
         applicable = start["applicable"][chosen][:, self.world.active_rules]
         self.mask = np.concatenate([applicable, np.ones((self.size, 1), bool)], axis=1)
-        self.last = np.full(self.size, -1, dtype=np.int64)
+        self.blocked[:] = False
         self.steps = 0
         return self.observation(), self.mask.copy()
 
@@ -138,10 +140,11 @@ class DreamBatch:
         done = done_draw < torch.sigmoid(step.done_logit).numpy()
         applicable = torch.sigmoid(step.mask_logits[:, world.active_rules]).numpy()
         applicable = applicable >= MASK_THRESHOLD
-        self.last = np.where(valid & ~stop, actions, self.last)  # a no-op changes no graph
-        undo = np.where(self.last >= 0, self.reverse[self.last], -1)
-        rows = np.flatnonzero(undo >= 0)
-        applicable[rows, undo[rows]] = False
+        clipped = np.clip(actions, 0, world.num_actions - 1)
+        undo = np.where(valid & ~stop, self.reverse[clipped], -1)
+        rows = np.flatnonzero(undo >= 0)  # a no-op or stop changes no graph
+        self.blocked[rows, undo[rows]] = True
+        applicable &= ~self.blocked[:, :-1]
         self.mask = np.concatenate([applicable, np.ones((self.size, 1), bool)], axis=1)
         self.steps += 1
         terminated = stop & valid | done | ~applicable.any(axis=1)
@@ -191,7 +194,8 @@ class DreamEnv(gym.Env):
 
     Terminated on stop, when M's done flag is drawn (probability sigmoid of its logit), or
     when M predicts no rule applicable; truncated after `max_steps`. A masked action is a
-    no-op step, fed to M as such. Right after a rule, its reverse is masked.
+    no-op step, fed to M as such. Once a rule is applied, its reverse is masked for the rest of
+    the episode.
 
     ## Arguments
 

@@ -13,7 +13,9 @@ candidate this way (`ControllerPolicy.act`):
    does not count: the dream has no graphs to recognise, so a controller can learn a rule and
    its reverse as a cycle that M prices as two gains (BERT: SkipLayerNorm fused and unfused 50
    times in a 50-step episode); in the real env it never returns to a graph, as BRKGA's
-   decoder and taso's search do not.
+   decoder and taso's search do not. And as in the dream (rlflow.worldmodel.dream), a rule
+   pair goes one way per episode: once R was applied, R-reverse is not chosen, and the other
+   way round.
 3. Among the chosen rule's offered candidates, the one whose rewritten graph has the lowest
    analytic (roofline) cost is applied -- a free, deterministic site choice that needs no
    measurement. Without the env object (`env=None`), the rule's first offered slot is used.
@@ -75,12 +77,15 @@ class ControllerPolicy:
         self._rules = RuleTranslation(world.rule_names)
         self._state: tuple[torch.Tensor, torch.Tensor] | None = None
         self._visited: set[str] = set()
+        self._reverse = world.reverse_actions
+        self._blocked = np.zeros(world.num_actions, dtype=bool)  # reverses of rules applied
 
     def reset(self) -> None:
-        """Forget the episode's recurrent state and the graphs it visited (done automatically
-        at step fraction 0)."""
+        """Forget the episode's recurrent state, the graphs it visited and the rules it applied
+        (done automatically at step fraction 0)."""
         self._state = None
         self._visited = set()
+        self._blocked = np.zeros(self.world.num_actions, dtype=bool)
 
     def _candidate_cost(self, graph: Any) -> float:
         digest = graph.canonical_hash()
@@ -119,12 +124,15 @@ class ControllerPolicy:
                 dtype=np.int64,
             )
             valid[:-1] &= np.isin(world.active_rules, rules[offered])
+        valid &= ~self._blocked
         if deterministic or rng is None:
             action = int(masked_argmax(logits, valid))
         else:
             masked = np.where(valid, logits, -np.inf)
             probs = np.exp(masked - masked.max())
             action = int(rng.choice(len(probs), p=probs / probs.sum()))
+        if self._reverse[action] >= 0:
+            self._blocked[self._reverse[action]] = True
         rule = int(world.action_rules(np.array([action]))[0])
         _, self._state = world.rnn(
             mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self._state

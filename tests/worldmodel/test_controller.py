@@ -184,7 +184,7 @@ def test_policy_applies_the_chosen_rules_cheapest_candidate(pipeline):
         env.close()
 
 
-def test_policy_never_returns_to_a_graph_of_its_episode(pipeline):
+def test_policy_never_returns_to_a_graph_nor_takes_a_rule_pair_both_ways(pipeline):
     # A controller that wants a rule and, even more, its reverse: the cycle a dream can sell
     policy = load_controller_policy(pipeline.controller)
     world = policy.world
@@ -213,6 +213,7 @@ def test_policy_never_returns_to_a_graph_of_its_episode(pipeline):
         env.close()
     assert applied[0] in (forward, f"{forward}-reverse")  # what the controller wants most
     assert len(visited) == len(set(visited)), applied
+    assert not {forward, f"{forward}-reverse"} <= set(applied), applied  # one way per episode
 
 
 def test_policy_without_env_takes_the_rules_first_slot(pipeline):
