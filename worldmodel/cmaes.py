@@ -46,7 +46,7 @@ class CMAESTrainer(ControllerTrainer):
             candidates,
             episodes=self.settings.rollouts,
             temperature=self.temperature,
-            max_steps=self.settings.max_steps,
+            max_steps=self.settings.dream_steps(self.world),
             rng=self.dream_rng(),
         )
         self.es.tell(list(candidates), list(-fitness))  # cma minimises

@@ -23,6 +23,7 @@ from rlflow.worldmodel.model import WorldModel
 
 METHODS = ("cmaes", "ppo")
 SELECTIONS = ("real-return", "temperature")
+HORIZONS = ("data", "max-steps")
 WORLD_BUNDLE = "world_model.pt"
 CONTROLLER_CHECKPOINT = "controller.pt"
 EVAL_REPORT = "eval.json"  # the controllers in the real env (--eval-real, the loop)
@@ -46,6 +47,11 @@ class ControllerSettings:
     temperature (always `temperature`). World Models reads its tau table the same way: the
     dream trains, the real env picks."""
     max_steps: int = 50  # dream episode truncation (the real env's max_episode_steps)
+    dream_horizon: str = "data"
+    """How many steps a dream episode (and the controller's real one) may take: data (the
+    longest episode of the world model's data, at most max_steps) | max-steps. Past the
+    longest episode M has seen no step: with 5-step random episodes and a 50-step dream, BERT's
+    dream returns were 30-63 against real 2-12, the controllers farming M's extrapolation."""
     generations: int = 40  # CMA-ES generations
     population: int = 16  # CMA-ES population size
     sigma0: float = 0.1  # CMA-ES initial step size
@@ -67,6 +73,10 @@ class ControllerSettings:
             raise RlflowError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if not self.temperatures or any(t <= 0 for t in self.temperatures):
             raise RlflowError("temperatures must be a non-empty list of positive numbers")
+        if self.dream_horizon not in HORIZONS:
+            raise RlflowError(
+                f"unknown dream_horizon {self.dream_horizon!r}; choose one of {', '.join(HORIZONS)}"
+            )
         if self.select not in SELECTIONS:
             raise RlflowError(
                 f"unknown select {self.select!r}; choose one of {', '.join(SELECTIONS)}"
@@ -80,6 +90,13 @@ class ControllerSettings:
             raise RlflowError("generations, population, rollouts, max_steps and ppo_* must be >= 1")
         if self.population < 2:
             raise RlflowError("CMA-ES needs a population of at least 2")
+
+    def dream_steps(self, world: WorldModel) -> int:
+        """Steps a dream episode may take in this world model (`dream_horizon`)."""
+        longest = int(world.meta.get("longest_episode", 0))
+        if self.dream_horizon == "max-steps" or longest < 1:  # or a world model made before
+            return self.max_steps
+        return min(self.max_steps, longest)
 
     @property
     def budget(self) -> int:

@@ -102,14 +102,14 @@ class DreamPPOTrainer(ControllerTrainer):
             self.world,
             episodes=settings.ppo_envs,
             temperature=self.temperature,
-            max_steps=settings.max_steps,
+            max_steps=settings.dream_steps(self.world),
             rng=rng,
         )
         obs, mask = batch.reset()
         b_obs, b_masks, b_actions, b_logprobs, b_rewards, b_alive, b_values = ([] for _ in range(7))
         alive = np.ones(batch.size, dtype=bool)
         episode_return = np.zeros(batch.size)
-        for _ in range(settings.max_steps):
+        for _ in range(batch.max_steps):
             x, valid = torch.as_tensor(obs), torch.as_tensor(mask)
             dist = agent.policy(x, valid)
             action = dist.sample()

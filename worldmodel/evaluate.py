@@ -132,7 +132,7 @@ def evaluate_real(
                         policy.controller.params[None],
                         episodes=settings.eval_dream_episodes,
                         temperature=tau,
-                        max_steps=settings.max_steps,
+                        max_steps=settings.dream_steps(world),
                         rng=rng,
                         starts=starts_by_model.get(model),
                     )[0]

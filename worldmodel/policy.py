@@ -20,6 +20,9 @@ candidate this way (`ControllerPolicy.act`):
    analytic (roofline) cost is applied -- a free, deterministic site choice that needs no
    measurement. Without the env object (`env=None`), the rule's first offered slot is used.
 4. h is advanced with (z_t, rule), exactly as in the dream.
+5. After as many rewrites as its dream episodes could take (the checkpoint's `horizon`,
+   `ControllerSettings.dream_horizon`), it stops: past them it would act on states it never
+   trained on.
 
 `load_agent_policy` opens any `agent:RUN_DIR` (`rlflow.agents.spec`): a PPO run or a
 controller run; it lives here because only this layer knows both.
@@ -65,8 +68,15 @@ class ControllerPolicy:
     See the module docstring for how a rule becomes a candidate.
     """
 
-    def __init__(self, world: WorldModel, controller: LinearController, temperature: float):
+    def __init__(
+        self,
+        world: WorldModel,
+        controller: LinearController,
+        temperature: float,
+        horizon: int | None = None,
+    ):
         self.world, self.controller, self.temperature = world, controller, temperature
+        self.horizon = horizon  # rewrites per episode at most (None: the env's limit only)
         self.env_config: dict[str, Any] = env_config(world)
         from rlflow.cost import AnalyticCostModel
         from rlflow.nn.features import GLOBAL_FEATURES
@@ -79,6 +89,7 @@ class ControllerPolicy:
         self._visited: set[str] = set()
         self._reverse = world.reverse_actions
         self._blocked = np.zeros(world.num_actions, dtype=bool)  # reverses of rules applied
+        self._steps = 0
 
     def reset(self) -> None:
         """Forget the episode's recurrent state, the graphs it visited and the rules it applied
@@ -86,6 +97,7 @@ class ControllerPolicy:
         self._state = None
         self._visited = set()
         self._blocked = np.zeros(self.world.num_actions, dtype=bool)
+        self._steps = 0
 
     def _candidate_cost(self, graph: Any) -> float:
         digest = graph.canonical_hash()
@@ -107,6 +119,8 @@ class ControllerPolicy:
             observation = self._rules.translate(observation, list(unwrapped.rule_names))
         if float(observation["global_features"][self._step_feature]) == 0.0:
             self.reset()
+        if self.horizon is not None and self._steps >= self.horizon:
+            return len(observation["action_mask"]) - 1  # stop (item 5 of the module docstring)
         world = self.world
         mu, _ = world.encode([observation])
         hidden = self._state[0][0] if self._state is not None else torch.zeros(1, world.hidden)
@@ -139,6 +153,7 @@ class ControllerPolicy:
         )
         if action == world.num_actions - 1:
             return len(mask) - 1  # stop
+        self._steps += 1
         slots = offered[rules[offered] == rule]
         if unwrapped is None or len(slots) == 1:
             return int(slots[0])
@@ -193,11 +208,14 @@ def policy_from_checkpoint(world: WorldModel, path: Path) -> ControllerPolicy:
         params = checkpoint["params"].numpy()
         controller = LinearController(checkpoint["num_actions"], checkpoint["input_dim"], params)
         temperature = float(checkpoint["temperature"])
+        horizon = checkpoint.get("horizon")  # absent from controllers trained before the setting
     except (KeyError, AttributeError) as error:
         raise RlflowError(f"controller checkpoint {path} is incomplete ({error})") from None
     if controller.num_actions != world.num_actions:
         raise RlflowError(f"controller checkpoint {path} does not fit its world model")
-    return ControllerPolicy(world, controller, temperature)
+    return ControllerPolicy(
+        world, controller, temperature, None if horizon is None else int(horizon)
+    )
 
 
 def load_agent_policy(spec: AgentSpec) -> Policy:

@@ -492,6 +492,7 @@ def train_world_model(
             model=data.arrays["episode_model"].astype(np.int64),
         )
         totals = data.manifest.get("totals", {})
+        lengths = np.diff(np.append(data.step_start, data.num_steps))
         meta = {
             "dynamics": DYNAMICS,
             "rule_names": data.rule_names,
@@ -500,6 +501,7 @@ def train_world_model(
             "env": dict(data.manifest["env"]),
             "data": str(Path(data_dir).resolve()),
             "collect_totals": dict(totals),
+            "longest_episode": int(lengths.max()) if len(lengths) else 0,
             "vae_kwargs": vae_kwargs(data, settings),
             "rnn_kwargs": rnn_kwargs(data, settings),
         }

@@ -116,7 +116,7 @@ def train_at(
             params[None],
             episodes=settings.eval_dream_episodes,
             temperature=temperature,
-            max_steps=settings.max_steps,
+            max_steps=settings.dream_steps(world),
             rng=rng,
         )[0]
     )
@@ -126,6 +126,7 @@ def train_at(
         "num_actions": world.num_actions,
         "input_dim": world.latent + world.hidden,
         "temperature": temperature,
+        "horizon": settings.dream_steps(world),
         "method": settings.method,
         "dream_return": dream_return,
         "trained_for": settings.budget,

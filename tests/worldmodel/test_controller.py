@@ -105,6 +105,41 @@ def test_controller_beats_random_agent_in_real_env_seeded(pipeline):
     )
 
 
+def test_dream_horizon_is_the_datas_longest_episode(pipeline):
+    """M has seen no step past the data's longest episode: dreams (and the controller's real
+    episodes) stop there unless max_steps is shorter, or dream_horizon says max-steps."""
+    from rlflow.worldmodel.data import RolloutData
+
+    world = WorldModel.load(pipeline.wm)
+    data = RolloutData.load(pipeline.data)
+    lengths = np.diff(np.append(data.step_start, data.num_steps))
+    assert world.meta["longest_episode"] == lengths.max() < 50
+    assert ControllerSettings().dream_steps(world) == lengths.max()
+    assert ControllerSettings(max_steps=2).dream_steps(world) == 2
+    assert ControllerSettings(dream_horizon="max-steps").dream_steps(world) == 50
+    policy = load_controller_policy(pipeline.controller)
+    assert policy.horizon == lengths.max()  # what the controller trained for, kept with it
+
+
+def test_policy_stops_after_its_horizon(pipeline):
+    policy = load_controller_policy(pipeline.controller)
+    policy.controller = LinearController(  # one that never stops on its own
+        policy.world.num_actions,
+        policy.controller.input_dim,
+        np.concatenate(
+            [np.zeros(policy.world.num_actions * policy.controller.input_dim),
+             np.append(np.zeros(policy.world.num_actions - 1), -100.0)]
+        ),
+    )  # fmt: skip
+    policy.horizon = 2
+    env = real_env(policy.world, "resnet-18")
+    try:
+        result = run_episode(env, policy, seed=0, deterministic=True)
+    finally:
+        env.close()
+    assert len(result["rules"]) == 2 and result["steps"] == 3  # two rewrites, then stop
+
+
 def test_selected_temperature_is_the_best_real_return():
     returns = {0.5: 3.0, 1.0: 2.0, 1.5: 3.0}
     assert selected_temperature(1.0, "real-return", returns) == 0.5  # a tie: the lower tau
@@ -262,6 +297,7 @@ def test_identical_controllers_get_identical_dream_returns(pipeline):
         ({"temperature": 2.0}, "not among temperatures"),
         ({"population": 1}, "population"),
         ({"select": "dream"}, "unknown select"),
+        ({"dream_horizon": "forever"}, "unknown dream_horizon"),
     ],
 )
 def test_controller_settings_are_checked(change, message):
