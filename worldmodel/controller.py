@@ -93,10 +93,9 @@ class ControllerSettings:
 
     def dream_steps(self, world: WorldModel) -> int:
         """Steps a dream episode may take in this world model (`dream_horizon`)."""
-        longest = int(world.meta.get("longest_episode", 0))
-        if self.dream_horizon == "max-steps" or longest < 1:  # or a world model made before
+        if self.dream_horizon == "max-steps" or world.longest_episode < 1:  # or made before
             return self.max_steps
-        return min(self.max_steps, longest)
+        return min(self.max_steps, world.longest_episode)
 
     @property
     def budget(self) -> int:

@@ -152,6 +152,13 @@ class DreamBatch:
         return self.observation(), reward, terminated, truncated, self.mask.copy()
 
 
+def default_dream_steps(world: WorldModel) -> int:
+    """A dream episode's length unless told otherwise: the real env's `max_episode_steps` (else
+    50), cut at the longest episode of the data, past which M has seen no step."""
+    limit = int(world.meta["env"].get("max_episode_steps", 50))
+    return min(limit, world.longest_episode) if world.longest_episode > 0 else limit
+
+
 def start_costs(start: dict[str, np.ndarray], chosen: np.ndarray) -> np.ndarray:
     """C_0 / C_0 of the chosen start graphs: 1, unless the data recorded otherwise."""
     if "cost" not in start:
@@ -201,7 +208,8 @@ class DreamEnv(gym.Env):
 
     - `world`: a `WorldModel` (`WorldModel.load(run_dir)`).
     - `temperature`: tau of the next-latent mixture (default 1.0).
-    - `max_steps`: truncation (default: the data's `max_episode_steps`, else 50).
+    - `max_steps`: truncation (default: the data's `max_episode_steps`, else 50, cut at the
+      data's longest episode).
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -219,7 +227,7 @@ class DreamEnv(gym.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise RlflowError(f"unknown render mode {render_mode!r}; choose None or 'ansi'")
         self.world, self.temperature, self.render_mode = world, temperature, render_mode
-        self.max_steps = max_steps or int(world.meta["env"].get("max_episode_steps", 50))
+        self.max_steps = max_steps or default_dream_steps(world)
         self.rule_names = [world.rule_names[rule] for rule in world.active_rules]
         size = world.latent + world.hidden
         self.action_space = spaces.Discrete(world.num_actions)

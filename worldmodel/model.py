@@ -123,6 +123,12 @@ class WorldModel:
         return np.where(stop, self.rnn.num_rules, rules)
 
     @property
+    def longest_episode(self) -> int:
+        """Steps of the data's longest episode, past which M has seen no step (0: unknown, a
+        world model made before it was recorded)."""
+        return int(self.meta.get("longest_episode", 0))
+
+    @property
     def reverse_actions(self) -> np.ndarray:
         """(A,) int64: for each dream action, the dream action of its reverse rule (`R` and
         `R-reverse`, as rules declare a reversible pair), -1 where none is active and for stop."""

@@ -17,6 +17,7 @@ from rlflow.worldmodel.controller import (
     dream_returns,
     selected_temperature,
 )
+from rlflow.worldmodel.dream import DreamEnv
 from rlflow.worldmodel.evaluate import real_env, run_episode
 from rlflow.worldmodel.model import WorldModel
 from rlflow.worldmodel.policy import load_controller_policy
@@ -113,7 +114,8 @@ def test_dream_horizon_is_the_datas_longest_episode(pipeline):
     world = WorldModel.load(pipeline.wm)
     data = RolloutData.load(pipeline.data)
     lengths = np.diff(np.append(data.step_start, data.num_steps))
-    assert world.meta["longest_episode"] == lengths.max() < 50
+    assert world.longest_episode == lengths.max() < 50
+    assert DreamEnv(world).max_steps == lengths.max()  # the gym dream's default too
     assert ControllerSettings().dream_steps(world) == lengths.max()
     assert ControllerSettings(max_steps=2).dream_steps(world) == 2
     assert ControllerSettings(dream_horizon="max-steps").dream_steps(world) == 50
