@@ -48,7 +48,6 @@ from rlflow.worldmodel.controller import (
     WORLD_BUNDLE,
     LinearController,
     masked_argmax,
-    selected_temperature,
     tau_dir,
 )
 from rlflow.worldmodel.model import CONFIG, WorldModel, load_checkpoint
@@ -194,12 +193,10 @@ def run_temperature(run_dir: Path, config: Mapping[str, Any]) -> float:
     eval_path = run_dir / EVAL_REPORT
     if config.get("select", "temperature") != "real-return" or not eval_path.is_file():
         return main
-    try:
-        rows = json.loads(eval_path.read_text(encoding="utf-8"))["temperatures"].values()
-        returns = {float(row["temperature"]): float(row["real_return"]) for row in rows}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    try:  # chosen when the controllers ran in the real env (evaluate_real)
+        return float(json.loads(eval_path.read_text(encoding="utf-8"))["selected_temperature"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
         raise RlflowError(f"{eval_path} is unreadable ({error}); delete it or rerun") from None
-    return selected_temperature(main, "real-return", returns)
 
 
 def policy_from_checkpoint(world: WorldModel, path: Path) -> ControllerPolicy:
