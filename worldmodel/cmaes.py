@@ -48,6 +48,7 @@ class CMAESTrainer(ControllerTrainer):
             temperature=self.temperature,
             max_steps=self.settings.dream_steps(self.world),
             rng=self.dream_rng(),
+            penalty=self.settings.uncertainty,
         )
         self.es.tell(list(candidates), list(-fitness))  # cma minimises
         self.done += 1

@@ -52,6 +52,10 @@ class ControllerSettings:
     longest episode of the world model's data, at most max_steps) | max-steps. Past the
     longest episode M has seen no step: with 5-step random episodes and a 50-step dream, BERT's
     dream returns were 28-63 against real -2 to 12, the controllers farming M's extrapolation."""
+    uncertainty: float = 0.0
+    """What a dream step's reward is charged per unit of the world model's ensemble
+    disagreement on its cost (MOPO's lambda; 0: none). Needs `train-wm --ensemble` of 2 or
+    more: the controller is kept where its world model's members agree."""
     generations: int = 40  # CMA-ES generations
     population: int = 16  # CMA-ES population size
     sigma0: float = 0.1  # CMA-ES initial step size
@@ -90,6 +94,16 @@ class ControllerSettings:
             raise RlflowError("generations, population, rollouts, max_steps and ppo_* must be >= 1")
         if self.population < 2:
             raise RlflowError("CMA-ES needs a population of at least 2")
+        if self.uncertainty < 0:
+            raise RlflowError(f"uncertainty must be at least 0, got {self.uncertainty}")
+
+    def check_world(self, world: WorldModel) -> None:
+        """RlflowError if these settings ask of the world model what it cannot do."""
+        if self.uncertainty > 0 and len(world.members) < 2:
+            raise RlflowError(
+                f"uncertainty {self.uncertainty:g} needs an ensemble of world models: train it "
+                "with `rlflow train-wm --ensemble 5` (or more than 1)"
+            )
 
     def dream_steps(self, world: WorldModel) -> int:
         """Steps a dream episode may take in this world model (`dream_horizon`)."""
@@ -157,9 +171,11 @@ def dream_returns(
     max_steps: int,
     rng: np.random.Generator,
     starts: np.ndarray | None = None,
+    penalty: float = 0.0,
 ) -> np.ndarray:
     """Mean dream return (P,) of P linear controllers (params (P, N)), each over the same
-    `episodes` dream episodes (common random numbers), acting by masked argmax."""
+    `episodes` dream episodes (common random numbers), acting by masked argmax; `penalty`: the
+    charge for the ensemble's disagreement (`DreamBatch`)."""
     params = np.atleast_2d(params)
     population = len(params)
     batch = DreamBatch(
@@ -170,6 +186,7 @@ def dream_returns(
         max_steps=max_steps,
         rng=rng,
         starts=starts,
+        penalty=penalty,
     )
     obs, mask = batch.reset()
     returns = np.zeros(batch.size)

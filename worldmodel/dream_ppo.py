@@ -104,6 +104,7 @@ class DreamPPOTrainer(ControllerTrainer):
             temperature=self.temperature,
             max_steps=settings.dream_steps(self.world),
             rng=rng,
+            penalty=settings.uncertainty,
         )
         obs, mask = batch.reset()
         b_obs, b_masks, b_actions, b_logprobs, b_rewards, b_alive, b_values = ([] for _ in range(7))

@@ -135,6 +135,7 @@ def evaluate_real(
                         max_steps=settings.dream_steps(world),
                         rng=rng,
                         starts=starts_by_model.get(model),
+                        penalty=settings.uncertainty,
                     )[0]
                 )
                 per_model.append(

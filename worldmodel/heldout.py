@@ -5,7 +5,9 @@ controllers.
 observation, the real actions) and scores each prediction of the next step against what the
 real env did: the latent NLL (M's mixture density of the next z), the cost-ratio error
 (|C_{t+1}/C_0 predicted - real|), and the accuracy of the done flag and of the next action
-mask (per rule, and whole masks right). `rank_correlation` is Spearman's rho, for how well
+mask (per rule, and whole masks right), and for an ensemble of Ms the members' disagreement
+on the next cost (the standard deviation of their predictions, in reward units: what the
+dream's uncertainty penalty charges). `rank_correlation` is Spearman's rho, for how well
 dream returns order controllers as their real returns do.
 """
 
@@ -48,6 +50,12 @@ def heldout_report(
     news = valid & ~stopped
     done_right = ((output.done_logit > 0) == targets["done"].bool())[news]
     mask_right = (output.mask_logits > 0) == targets["next_applicable"].bool()
+    disagreement = None
+    if len(world.members) > 1:
+        costs = [output.cost]
+        for member in world.members[1:]:
+            costs.append(rnn_predictions(member, data, sequences, mu)[0].cost)
+        disagreement = float((100.0 * torch.stack(costs).std(dim=0, unbiased=False))[valid].mean())
     return {
         "episodes": len(episodes),
         "steps": int(valid.sum()),
@@ -57,6 +65,7 @@ def heldout_report(
         "done_accuracy": float(done_right.float().mean()) if len(done_right) else None,
         "mask_accuracy": float(mask_right[valid].float().mean()),
         "mask_exact": float(mask_right.all(dim=-1)[valid].float().mean()),
+        "cost_disagreement": disagreement,
     }
 
 

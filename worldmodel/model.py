@@ -1,8 +1,9 @@
 """The trained world model as one object (V + M + where dreams start), and atomic checkpoints.
 
-`WorldModel.load(run_dir)` reads a `rlflow train-wm` run: `vae.pt`, `mdnrnn.pt` and
-`dream_start.npz`. `WorldModel.save_bundle(path)` / `WorldModel.from_bundle(path)` keep all of
-it in one file, so a controller run carries the exact world model it was trained in.
+`WorldModel.load(run_dir)` reads a `rlflow train-wm` run: `vae.pt`, `mdnrnn.pt` (and
+`mdnrnn-K.pt` for the further members of an ensemble of Ms) and `dream_start.npz`.
+`WorldModel.save_bundle(path)` / `WorldModel.from_bundle(path)` keep all of it in one file, so
+a controller run carries the exact world model it was trained in.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ PROGRESS = "progress.json"
 DYNAMICS = "cost-ratio"
 """What M's scalar head predicts (`meta["dynamics"]`): the next cost ratio C_{t+1} / C_0. World
 models of an older rlflow, whose M predicted the reward itself, are refused."""
+
+
+def member_checkpoint(member: int) -> str:
+    """The checkpoint file of M's ensemble member `member` (0: M itself, `mdnrnn.pt`)."""
+    return MDNRNN_CHECKPOINT if member == 0 else f"mdnrnn-{member}.pt"
 
 
 def load_checkpoint(path: str | Path, what: str = "checkpoint") -> dict[str, Any]:
@@ -89,13 +95,21 @@ class WorldModel:
     data: the only rules a controller can choose), `models`, `env` (the GraphRewriteEnv
     settings of the data), `dynamics` (`DYNAMICS`) and the data's real-env totals. `start`
     holds `mu`, `logsigma` (N0, Z), `applicable` (N0, R) bool, `cost` (N0,) (C_0 / C_0, 1) and
-    `model` (N0,) of the data's first observations.
+    `model` (N0,) of the data's first observations. `members` are the ensemble of Ms (`rnn`
+    first, the only one unless trained with `--ensemble`): the dream follows `rnn` and
+    averages the members' costs (rlflow.worldmodel.dream).
     """
 
     def __init__(
-        self, vae: GraphVAE, rnn: MDNRNN, meta: dict[str, Any], start: dict[str, np.ndarray]
+        self,
+        vae: GraphVAE,
+        rnn: MDNRNN,
+        meta: dict[str, Any],
+        start: dict[str, np.ndarray],
+        others: list[MDNRNN] | None = None,
     ) -> None:
         self.vae, self.rnn, self.meta, self.start = vae.eval(), rnn.eval(), meta, start
+        self.members = [rnn] + [other.eval() for other in others or []]
         self.active_rules = np.asarray(meta["active_rules"], dtype=np.int64)
 
     @property
@@ -162,14 +176,19 @@ class WorldModel:
             raise RlflowError(f"no such world-model run directory: {run_dir}")
         vae_ckpt = load_checkpoint(run_dir / VAE_CHECKPOINT, "world-model checkpoint")
         rnn_ckpt = load_checkpoint(run_dir / MDNRNN_CHECKPOINT, "world-model checkpoint")
-        for name, ckpt in ((VAE_CHECKPOINT, vae_ckpt), (MDNRNN_CHECKPOINT, rnn_ckpt)):
+        checkpoints = {VAE_CHECKPOINT: vae_ckpt, MDNRNN_CHECKPOINT: rnn_ckpt}
+        for member in range(1, int(rnn_ckpt.get("meta", {}).get("ensemble", 1))):
+            name = member_checkpoint(member)
+            checkpoints[name] = load_checkpoint(run_dir / name, "world-model checkpoint")
+        for name, ckpt in checkpoints.items():
             if not ckpt.get("finished"):
                 raise RlflowError(
                     f"{run_dir / name} is from an unfinished run: rerun `rlflow train-wm` "
                     f"with --out {run_dir} to finish it"
                 )
         start = load_npz(run_dir / DREAM_START, "world-model file")
-        return cls._build(vae_ckpt, rnn_ckpt, rnn_ckpt["meta"], start)
+        others = [ckpt["model"] for ckpt in list(checkpoints.values())[2:]]
+        return cls._build(vae_ckpt, rnn_ckpt, rnn_ckpt["meta"], start, others)
 
     @classmethod
     def _build(
@@ -178,7 +197,10 @@ class WorldModel:
         rnn_ckpt: dict[str, Any],
         meta: dict[str, Any],
         start: dict[str, np.ndarray],
+        others: list[dict[str, Any]] | None = None,
     ) -> WorldModel:
+        """The world model from checkpoint payloads; `others`: the state dicts of the ensemble's
+        further members (same kwargs as `rnn_ckpt`)."""
         if meta.get("dynamics") != DYNAMICS:
             raise RlflowError(
                 "world model made by an older rlflow (its M predicts rewards, not the cost "
@@ -189,11 +211,15 @@ class WorldModel:
             vae.load_state_dict(vae_ckpt["model"])
             rnn = MDNRNN(**rnn_ckpt["kwargs"])
             rnn.load_state_dict(rnn_ckpt["model"])
+            members = []
+            for state in others or []:
+                members.append(MDNRNN(**rnn_ckpt["kwargs"]))
+                members[-1].load_state_dict(state)
         except (KeyError, RuntimeError, TypeError) as error:
             raise RlflowError(
                 f"world-model checkpoint does not fit ({first_line(error)})"
             ) from None
-        return cls(vae, rnn, meta, start)
+        return cls(vae, rnn, meta, start, members)
 
     def save_bundle(self, path: str | Path) -> None:
         write_torch_atomic(
@@ -201,6 +227,7 @@ class WorldModel:
             {
                 "vae": {"kwargs": self.vae_kwargs, "model": self.vae.state_dict()},
                 "rnn": {"kwargs": self.rnn_kwargs, "model": self.rnn.state_dict()},
+                "others": [member.state_dict() for member in self.members[1:]],
                 "meta": self.meta,
                 "start": {key: torch.as_tensor(value) for key, value in self.start.items()},
             },
@@ -211,7 +238,8 @@ class WorldModel:
         payload = load_checkpoint(path, "world-model bundle")
         try:
             start = {key: value.numpy() for key, value in payload["start"].items()}
-            return cls._build(payload["vae"], payload["rnn"], payload["meta"], start)
+            others = payload.get("others", [])  # bundles made before ensembles have none
+            return cls._build(payload["vae"], payload["rnn"], payload["meta"], start, others)
         except (KeyError, AttributeError) as error:
             raise RlflowError(f"world-model bundle {path} is incomplete ({error})") from None
 

@@ -4,7 +4,8 @@ Both stages checkpoint after every epoch (atomically) and a rerun resumes from t
 a finished stage is skipped. Epoch e draws its randomness from (seed, stage, e), so a resumed
 run trains exactly as an uninterrupted one. Scalars go to TensorBoard under RUN_DIR:
 `wm/recon`, `wm/kl` (VAE), `wm/mdn_nll`, `wm/cost_mse` (M's cost head, in reward units),
-`wm/done_bce`, `wm/mask_bce` (MDN-RNN), each also as `wm/val_*` on the held-out episodes.
+`wm/done_bce`, `wm/mask_bce` (MDN-RNN), each also as `wm/val_*` on the held-out episodes;
+the further members of an ensemble (`--ensemble K`) under `wm/memberK/`.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ from rlflow.worldmodel.model import (
     DREAM_START,
     DYNAMICS,
     LATENTS,
-    MDNRNN_CHECKPOINT,
     PROGRESS,
     VAE_CHECKPOINT,
     load_checkpoint,
     load_npz,
+    member_checkpoint,
     save_npz,
 )
 from rlflow.worldmodel.vae import GraphVAE, vae_losses
@@ -60,21 +61,29 @@ class WorldModelSettings:
     rnn_batch: int = 16  # episodes per MDN-RNN minibatch
     rnn_lr: float = 1e-3  # Adam learning rate of the MDN-RNN
     cost_head: str = "step"  # M's cost output: step (the change from C_t) | level (C_{t+1} / C_0)
+    ensemble: int = 1
+    """How many Ms to train on the same data, each from its own initialisation and minibatch
+    order (a deep ensemble). Member 0 is the M of a one-member run; the others' disagreement on
+    a dream step's cost is what `train-controller --uncertainty` charges for (a dream step
+    none of them has seen data like)."""
     grad_clip: float = 10.0  # gradient-norm clip of both stages
     holdout: float = 0.1  # fraction of episodes held out for the wm/val_* scalars
     seed: int = 0  # seed of the split, the initialisations and the minibatch order
 
     def validate(self) -> None:
-        if min(self.latent, self.vae_epochs, self.rnn_epochs, self.rnn_hidden) < 1:
-            raise RlflowError("latent, vae_epochs, rnn_epochs and rnn_hidden must be at least 1")
+        if min(self.latent, self.vae_epochs, self.rnn_epochs, self.rnn_hidden, self.ensemble) < 1:
+            raise RlflowError(
+                "latent, vae_epochs, rnn_epochs, rnn_hidden and ensemble must be at least 1"
+            )
         if self.cost_head not in COST_HEADS:
             raise RlflowError(
                 f"unknown cost head {self.cost_head!r}; choose one of {', '.join(COST_HEADS)}"
             )
 
 
-def _generator(seed: int, stage: int, epoch: int) -> tuple[np.random.Generator, int]:
-    sequence = np.random.SeedSequence([seed, stage, epoch])
+def _generator(seed: int, stage: int, epoch: int, *member: int) -> tuple[np.random.Generator, int]:
+    """The draws of one epoch of one stage (of one ensemble member past the first)."""
+    sequence = np.random.SeedSequence([seed, stage, epoch, *member])
     numpy_seed, torch_seed = sequence.generate_state(2)
     return np.random.default_rng(numpy_seed), int(torch_seed)
 
@@ -352,13 +361,16 @@ def train_rnn(
     meta: dict[str, Any],
     vae_epoch: int,
     progress: bool = True,
+    member: int = 0,
 ) -> MDNRNN:
-    """Train (or resume) M on sequences of latents sampled from V's posterior each epoch."""
+    """Train (or resume) M, or ensemble member `member` of it, on sequences of latents
+    sampled from V's posterior each epoch."""
     from tqdm import tqdm
 
-    path = run_dir / MDNRNN_CHECKPOINT
+    path = run_dir / member_checkpoint(member)
     kwargs = rnn_kwargs(data, settings)
-    torch.manual_seed(settings.seed + 1)
+    extra = (member,) if member else ()  # member 0 draws what a one-member run draws
+    torch.manual_seed(settings.seed + 1 + 7919 * member)
     rnn = MDNRNN(**kwargs)
     optimizer = torch.optim.Adam(rnn.parameters(), lr=settings.rnn_lr)
     epoch = 0
@@ -372,10 +384,13 @@ def train_rnn(
         rnn.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         epoch = int(checkpoint["epoch"])
+        if epoch >= settings.rnn_epochs and checkpoint.get("meta") != meta:
+            # finished, rerun with another ensemble size: the weights stay, the meta follows
+            write_torch_atomic(path, {**checkpoint, "meta": meta})
     bar = tqdm(
         total=settings.rnn_epochs,
         initial=min(epoch, settings.rnn_epochs),
-        desc="train-wm M (MDN-RNN)",
+        desc="train-wm M (MDN-RNN)" + (f" member {member}" if member else ""),
         unit="epoch",
         file=sys.stderr,
         disable=not progress,
@@ -383,7 +398,7 @@ def train_rnn(
     sigma = np.exp(logsigma)
     finished = epoch >= settings.rnn_epochs
     while not finished:
-        rng, torch_seed = _generator(settings.seed, 2, epoch)
+        rng, torch_seed = _generator(settings.seed, 2, epoch, *extra)
         torch.manual_seed(torch_seed)
         latents = (mu + sigma * rng.standard_normal(mu.shape)).astype(np.float32)
         order = rng.permutation(train_episodes)
@@ -406,10 +421,11 @@ def train_rnn(
         val = evaluate_rnn(rnn, data, val_episodes, mu)
         epoch += 1
         finished = epoch >= settings.rnn_epochs
+        tag = f"wm/member{member}/" if member else "wm/"
         for key in RNN_SCALARS:
-            logger.scalar(f"wm/{key}", train[key], epoch)
+            logger.scalar(f"{tag}{key}", train[key], epoch)
             if len(val_episodes):
-                logger.scalar(f"wm/val_{key}", val[key], epoch)
+                logger.scalar(f"{tag}val_{key}", val[key], epoch)
         write_torch_atomic(
             path,
             {
@@ -504,21 +520,26 @@ def train_world_model(
             "longest_episode": int(lengths.max()) if len(lengths) else 0,
             "vae_kwargs": vae_kwargs(data, settings),
             "rnn_kwargs": rnn_kwargs(data, settings),
+            "ensemble": settings.ensemble,
         }
-        rnn = train_rnn(
-            data,
-            run_dir,
-            settings,
-            train_episodes,
-            val_episodes,
-            mu,
-            logsigma,
-            logger,
-            meta,
-            vae_epoch,
-            progress,
-        )
-        val = evaluate_rnn(rnn, data, val_episodes, mu)
+        members = [
+            train_rnn(
+                data,
+                run_dir,
+                settings,
+                train_episodes,
+                val_episodes,
+                mu,
+                logsigma,
+                logger,
+                meta,
+                vae_epoch,
+                progress,
+                member,
+            )
+            for member in range(settings.ensemble)
+        ]
+        val = evaluate_rnn(members[0], data, val_episodes, mu)
         summary = {
             "run_dir": str(run_dir),
             "episodes": data.num_episodes,

@@ -24,6 +24,7 @@ FLAGS = [
     "temperature",
     "temperatures",
     "select",
+    "uncertainty",
     "seed",
 ]
 
@@ -53,6 +54,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--select",
         choices=("real-return", "temperature"),
         help="the run's policy: the tau with the best --eval-real return (default) | --temperature",
+    )
+    parser.add_argument(
+        "--uncertainty",
+        type=float,
+        help="dream reward charged per unit of the world-model ensemble's disagreement (0)",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument(
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     settings.validate()
     if args.random_episodes < 0:
         raise RlflowError(f"--random-episodes must be at least 0, got {args.random_episodes}")
-    WorldModel.load(args.wm)  # a bad --wm fails before RUN_DIR is made
+    settings.check_world(WorldModel.load(args.wm))  # a bad --wm fails before RUN_DIR is made
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"wm": str(Path(args.wm).resolve()), **asdict(settings)}

@@ -13,7 +13,16 @@ from pathlib import Path
 from rlflow.commands.common import check_output_dir, print_json, stderr
 from rlflow.commands.wm_settings import add_common_options, settings_from
 
-FLAGS = ["latent", "vae_epochs", "rnn_epochs", "rnn_hidden", "mixtures", "cost_head", "seed"]
+FLAGS = [
+    "latent",
+    "vae_epochs",
+    "rnn_epochs",
+    "rnn_hidden",
+    "mixtures",
+    "cost_head",
+    "ensemble",
+    "seed",
+]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +40,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--cost-head",
         choices=("step", "level"),
         help="M predicts the cost's change from the current cost (step, default) or its level",
+    )
+    parser.add_argument(
+        "--ensemble",
+        type=int,
+        help="Ms trained on the data, each from its own seed (1); their disagreement is what "
+        "train-controller --uncertainty charges",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     add_common_options(parser, run)
@@ -55,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"data": str(Path(args.data).resolve()), **asdict(settings)}
-    write_run_config(out, "world_model", config, may_change=("vae_epochs", "rnn_epochs"))
+    write_run_config(
+        out, "world_model", config, may_change=("vae_epochs", "rnn_epochs", "ensemble")
+    )
     stderr(f"tensorboard --logdir {out}")
     summary = train_world_model(args.data, out, settings, progress=not args.quiet, data=data)
     summary["wall_s"] = time.perf_counter() - started

@@ -29,8 +29,8 @@ from rlflow.commands.wm_settings import add_common_options
 COLLECT_FLAGS = [flag for flag in collect.FLAGS if flag not in ("policy", "candidate_samples")]
 """collect's flags but the policy (the loop's own: random, then its controllers) and the
 candidate samples (guided search's data, not the world model's)."""
-WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "cost_head", "seed"]
-CONTROLLER_FLAGS = ["method", "generations", "population", "ppo_iterations", "seed"]
+WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "cost_head", "ensemble", "seed"]
+CONTROLLER_FLAGS = ["method", "generations", "population", "ppo_iterations", "uncertainty", "seed"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -81,10 +81,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("step", "level"),
         help="M predicts the cost's change from the current cost (step, default) or its level",
     )
+    parser.add_argument("--ensemble", type=int, help="Ms per world model (1)")
     parser.add_argument("--method", choices=("cmaes", "ppo"), help="controller trainer")
     parser.add_argument("--generations", type=int, help="CMA-ES generations per round (40)")
     parser.add_argument("--population", type=int, help="CMA-ES population (16)")
     parser.add_argument("--ppo-iterations", type=int, help="dream PPO iterations per round")
+    parser.add_argument(
+        "--uncertainty",
+        type=float,
+        help="dream reward charged per unit of the ensemble's disagreement (0; needs --ensemble)",
+    )
     parser.add_argument("--seed", type=int, help="seed of every stage (0)")
     parser.add_argument(
         "--measure",
@@ -133,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
     )
     wm_settings = settings(WorldModelSettings, "train_wm", WM_FLAGS)
     controller_settings = settings(ControllerSettings, "train_controller", CONTROLLER_FLAGS)
+    if controller_settings.uncertainty > 0 and wm_settings.ensemble < 2:
+        raise RlflowError("--uncertainty needs an ensemble of world models: add --ensemble 5")
     loop = LoopSettings(
         iterations=args.iterations,
         backend=args.backend,
