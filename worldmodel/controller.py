@@ -52,10 +52,11 @@ class ControllerSettings:
     longest episode of the world model's data, at most max_steps) | max-steps. Past the
     longest episode M has seen no step: with 5-step random episodes and a 50-step dream, BERT's
     dream returns were 28-63 against real -2 to 12, the controllers farming M's extrapolation."""
-    uncertainty: float = 0.0
+    uncertainty: float = 1.0
     """What a dream step's reward is charged per unit of the world model's ensemble
-    disagreement on its cost (MOPO's lambda; 0: none). Needs `train-wm --ensemble` of 2 or
-    more: the controller is kept where its world model's members agree."""
+    disagreement on its cost (MOPO's lambda; 0: none): the controller is kept where its world
+    model's members agree. A world model of one M (`train-wm --ensemble 1`, or made before
+    ensembles) has no disagreement to charge."""
     generations: int = 40  # CMA-ES generations
     population: int = 16  # CMA-ES population size
     sigma0: float = 0.1  # CMA-ES initial step size
@@ -97,12 +98,13 @@ class ControllerSettings:
         if self.uncertainty < 0:
             raise RlflowError(f"uncertainty must be at least 0, got {self.uncertainty}")
 
-    def check_world(self, world: WorldModel) -> None:
-        """RlflowError if these settings ask of the world model what it cannot do."""
-        if self.uncertainty > 0 and len(world.members) < 2:
+    def check_world(self, world: WorldModel, asked: float | None) -> None:
+        """RlflowError if `--uncertainty` was `asked` for (given on the command line) of a
+        world model with no ensemble to disagree."""
+        if asked and len(world.members) < 2:
             raise RlflowError(
-                f"uncertainty {self.uncertainty:g} needs an ensemble of world models: train it "
-                "with `rlflow train-wm --ensemble 5` (or more than 1)"
+                f"--uncertainty {asked:g} needs an ensemble of world models: train it with "
+                "`rlflow train-wm --ensemble 5` (or more than 1)"
             )
 
     def dream_steps(self, world: WorldModel) -> int:

@@ -354,6 +354,15 @@ class RolloutData:
             max_nodes=self.manifest["env"]["max_nodes"],
         )
 
+    def most_sites(self) -> np.ndarray:
+        """(R,) int: per rule, the most candidates (sites) it had in any observed graph."""
+        rules = self.arrays["candidate_rules"].astype(np.int64)
+        offered = self.arrays["action_mask"][:, : rules.shape[1]].astype(bool)
+        counts = np.zeros((len(rules), self.num_rules), dtype=np.int64)
+        rows = np.broadcast_to(np.arange(len(rules))[:, None], rules.shape)
+        np.add.at(counts, (rows[offered], rules[offered]), 1)
+        return counts.max(axis=0) if len(counts) else counts.sum(axis=0)
+
     def episodes_split(self, holdout: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Episode indices (train, held out): a seeded shuffle, at least one in each when there
         are two or more episodes."""

@@ -143,6 +143,16 @@ class WorldModel:
         return int(self.meta.get("longest_episode", 0))
 
     @property
+    def most_sites(self) -> np.ndarray | None:
+        """(A,) int64: per dream action, the most sites its rule had in any graph of the data
+        (stop: unbounded); None for a world model made before it was recorded."""
+        sites = self.meta.get("most_sites")
+        if sites is None:
+            return None
+        bound = np.asarray(sites, dtype=np.int64)[self.active_rules]
+        return np.append(bound, np.iinfo(np.int64).max)
+
+    @property
     def reverse_actions(self) -> np.ndarray:
         """(A,) int64: for each dream action, the dream action of its reverse rule (`R` and
         `R-reverse`, as rules declare a reversible pair), -1 where none is active and for stop."""

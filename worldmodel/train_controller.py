@@ -52,10 +52,8 @@ def train_controller(
         world = WorldModel.from_bundle(bundle)  # a resumed run keeps the world it started in
     else:
         world = WorldModel.load(wm_dir)
-        settings.check_world(world)  # before anything is written
         run_dir.mkdir(parents=True, exist_ok=True)
         world.save_bundle(bundle)
-    settings.check_world(world)
     results: dict[str, Any] = {}
     with TensorBoard(run_dir) as board:
         for temperature in settings.temperatures:

@@ -58,7 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--uncertainty",
         type=float,
-        help="dream reward charged per unit of the world-model ensemble's disagreement (0)",
+        help="dream reward charged per unit of the world-model ensemble's disagreement (1)",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument(
@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     settings.validate()
     if args.random_episodes < 0:
         raise RlflowError(f"--random-episodes must be at least 0, got {args.random_episodes}")
-    settings.check_world(WorldModel.load(args.wm))  # a bad --wm fails before RUN_DIR is made
+    world = WorldModel.load(args.wm)  # a bad --wm fails before RUN_DIR is made
+    settings.check_world(world, args.uncertainty)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"wm": str(Path(args.wm).resolve()), **asdict(settings)}

@@ -44,8 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ensemble",
         type=int,
-        help="Ms trained on the data, each from its own seed (1); their disagreement is what "
-        "train-controller --uncertainty charges",
+        help="Ms trained on the data, all but the first on bootstraps (5); their disagreement is "
+        "what train-controller --uncertainty charges",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     add_common_options(parser, run)

@@ -81,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("step", "level"),
         help="M predicts the cost's change from the current cost (step, default) or its level",
     )
-    parser.add_argument("--ensemble", type=int, help="Ms per world model (1)")
+    parser.add_argument("--ensemble", type=int, help="Ms per world model (5)")
     parser.add_argument("--method", choices=("cmaes", "ppo"), help="controller trainer")
     parser.add_argument("--generations", type=int, help="CMA-ES generations per round (40)")
     parser.add_argument("--population", type=int, help="CMA-ES population (16)")
@@ -89,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--uncertainty",
         type=float,
-        help="dream reward charged per unit of the ensemble's disagreement (0; needs --ensemble)",
+        help="dream reward charged per unit of the ensemble's disagreement (1)",
     )
     parser.add_argument("--seed", type=int, help="seed of every stage (0)")
     parser.add_argument(
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     )
     wm_settings = settings(WorldModelSettings, "train_wm", WM_FLAGS)
     controller_settings = settings(ControllerSettings, "train_controller", CONTROLLER_FLAGS)
-    if controller_settings.uncertainty > 0 and wm_settings.ensemble < 2:
+    if args.uncertainty and wm_settings.ensemble < 2:
         raise RlflowError("--uncertainty needs an ensemble of world models: add --ensemble 5")
     loop = LoopSettings(
         iterations=args.iterations,

@@ -32,6 +32,7 @@ TINY = {
         "rnn_batch": 8,
         "rnn_lr": 0.003,
         "holdout": 0.2,
+        "ensemble": 1,  # one M: tests/worldmodel/test_ensemble.py grows it to two
     },
     "train_controller": {
         "temperatures": [0.5, 1.0, 1.5],

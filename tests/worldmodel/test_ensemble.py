@@ -1,5 +1,6 @@
-"""An ensemble of Ms (`train-wm --ensemble K`) and the dream's charge for their disagreement
-(`train-controller --uncertainty`), on the tiny pipeline's data."""
+"""An ensemble of Ms (`train-wm --ensemble K`), the dream's charge for their disagreement
+(`train-controller --uncertainty`) and its cap on a rule's applications (the data's most
+sites), on the tiny pipeline's data."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import torch
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.dream import DreamBatch, DreamEnv
 from rlflow.worldmodel.model import MDNRNN_CHECKPOINT, WorldModel, load_checkpoint
-
 from tests.worldmodel.conftest import last_json, rlflow
 
 
@@ -131,3 +131,36 @@ def test_uncertainty_without_an_ensemble_is_a_one_line_error(pipeline, tmp_path)
     assert "--ensemble" in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_most_sites_counts_each_rules_offered_candidates(pipeline, pair):
+    from rlflow.worldmodel.data import RolloutData
+
+    data = RolloutData.load(pipeline.data)
+    expected = np.zeros(data.num_rules, dtype=np.int64)
+    for index in range(data.num_observations):
+        observation = data.observation(index)
+        offered = observation["action_mask"][:-1].astype(bool)
+        counts = np.bincount(observation["candidate_rules"][offered], minlength=data.num_rules)
+        expected = np.maximum(expected, counts)
+    np.testing.assert_array_equal(data.most_sites(), expected)
+    assert pair.meta["most_sites"] == expected.tolist()
+    assert pair.most_sites[-1] > 10**9  # stop is never capped
+
+
+def test_a_dream_applies_a_rule_at_most_as_often_as_it_had_sites(pair):
+    """M does not count sites: the dream stops offering a rule once it has been applied as
+    many times as its most sites in the data, whatever M's mask says."""
+    sites = pair.most_sites
+    offered = pair.start["applicable"][:, pair.active_rules].any(axis=0)
+    action = int(np.flatnonzero(offered & (sites[:-1] <= 3))[0])
+    batch = DreamBatch(pair, episodes=16, max_steps=20, rng=np.random.default_rng(1))
+    _, mask = batch.reset()
+    counts = np.zeros(16, dtype=np.int64)
+    for _ in range(20):
+        taken = mask[:, action].copy()
+        counts += taken
+        _, _, _, _, mask = batch.step(np.where(taken, action, pair.num_actions - 1))
+        assert not mask[counts >= sites[action], action].any()
+    assert counts.max() <= sites[action]
+    np.testing.assert_array_equal(batch.applied[:, action], counts)
