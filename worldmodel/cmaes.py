@@ -46,9 +46,8 @@ class CMAESTrainer(ControllerTrainer):
             candidates,
             episodes=self.settings.rollouts,
             temperature=self.temperature,
-            max_steps=self.settings.dream_steps(self.world),
             rng=self.dream_rng(),
-            penalty=self.settings.uncertainty,
+            **self.settings.dream_options(self.world),
         )
         self.es.tell(list(candidates), list(-fitness))  # cma minimises
         self.done += 1

@@ -113,6 +113,11 @@ class ControllerSettings:
             return self.max_steps
         return min(self.max_steps, world.longest_episode)
 
+    def dream_options(self, world: WorldModel) -> dict[str, Any]:
+        """The `DreamBatch` / `dream_returns` arguments these settings fix, the same wherever a
+        controller is trained or scored in the dream: its length and its uncertainty charge."""
+        return {"max_steps": self.dream_steps(world), "penalty": self.uncertainty}
+
     @property
     def budget(self) -> int:
         """Generations (CMA-ES) or iterations (PPO) a controller trains for."""

@@ -102,9 +102,8 @@ class DreamPPOTrainer(ControllerTrainer):
             self.world,
             episodes=settings.ppo_envs,
             temperature=self.temperature,
-            max_steps=settings.dream_steps(self.world),
             rng=rng,
-            penalty=settings.uncertainty,
+            **settings.dream_options(self.world),
         )
         obs, mask = batch.reset()
         b_obs, b_masks, b_actions, b_logprobs, b_rewards, b_alive, b_values = ([] for _ in range(7))

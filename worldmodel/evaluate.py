@@ -132,10 +132,9 @@ def evaluate_real(
                         policy.controller.params[None],
                         episodes=settings.eval_dream_episodes,
                         temperature=tau,
-                        max_steps=settings.dream_steps(world),
                         rng=rng,
                         starts=starts_by_model.get(model),
-                        penalty=settings.uncertainty,
+                        **settings.dream_options(world),
                     )[0]
                 )
                 per_model.append(

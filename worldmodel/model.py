@@ -186,10 +186,13 @@ class WorldModel:
             raise RlflowError(f"no such world-model run directory: {run_dir}")
         vae_ckpt = load_checkpoint(run_dir / VAE_CHECKPOINT, "world-model checkpoint")
         rnn_ckpt = load_checkpoint(run_dir / MDNRNN_CHECKPOINT, "world-model checkpoint")
-        checkpoints = {VAE_CHECKPOINT: vae_ckpt, MDNRNN_CHECKPOINT: rnn_ckpt}
-        for member in range(1, int(rnn_ckpt.get("meta", {}).get("ensemble", 1))):
-            name = member_checkpoint(member)
-            checkpoints[name] = load_checkpoint(run_dir / name, "world-model checkpoint")
+        members = {
+            member_checkpoint(member): load_checkpoint(
+                run_dir / member_checkpoint(member), "world-model checkpoint"
+            )
+            for member in range(1, int(rnn_ckpt.get("meta", {}).get("ensemble", 1)))
+        }
+        checkpoints = {VAE_CHECKPOINT: vae_ckpt, MDNRNN_CHECKPOINT: rnn_ckpt, **members}
         for name, ckpt in checkpoints.items():
             if not ckpt.get("finished"):
                 raise RlflowError(
@@ -197,7 +200,7 @@ class WorldModel:
                     f"with --out {run_dir} to finish it"
                 )
         start = load_npz(run_dir / DREAM_START, "world-model file")
-        others = [ckpt["model"] for ckpt in list(checkpoints.values())[2:]]
+        others = [ckpt["model"] for ckpt in members.values()]
         return cls._build(vae_ckpt, rnn_ckpt, rnn_ckpt["meta"], start, others)
 
     @classmethod

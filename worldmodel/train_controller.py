@@ -116,9 +116,8 @@ def train_at(
             params[None],
             episodes=settings.eval_dream_episodes,
             temperature=temperature,
-            max_steps=settings.dream_steps(world),
             rng=rng,
-            penalty=settings.uncertainty,
+            **settings.dream_options(world),
         )[0]
     )
     board.scalar(f"{tag}/final_dream_return", dream_return, 0)
