@@ -11,7 +11,7 @@ real episodes that chose its temperature when it was chosen by real return; a fi
 adds the run it started from, `init_from`).
 
     python scripts/learners_table.py runs/l18/bench-bert runs/l18/bench-squeezenet \\
-        --png docs/img/learners_medium.png > learners.md
+        --png docs/img/learners_medium.png [--name ppo-bert=PPO] > learners.md
 """
 
 from __future__ import annotations
@@ -140,13 +140,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="rlflow bench report directories")
     parser.add_argument("--png", type=Path, help="also draw the speedups (seeds as dots)")
+    parser.add_argument(
+        "--name",
+        action="append",
+        default=[],
+        metavar="GROUP=LABEL",
+        help="show a method group (a run directory's name, e.g. ppo-resnet-18) as LABEL",
+    )
     args = parser.parse_args(argv)
+    names = dict(entry.split("=", 1) for entry in args.name if "=" in entry)
+    if len(names) != len(args.name):
+        print("error: --name takes GROUP=LABEL", file=sys.stderr)
+        return 2
     rows: dict = {}
     peers: dict = {}
     try:
         for report in args.reports:
             results = json.loads((report / "results.json").read_text())
-            rows.update(rows_of(results))
+            for model, groups in rows_of(results).items():
+                rows[model] = {
+                    names.get(group, group): entries for group, entries in groups.items()
+                }
             peers.update(peers_of(results))
     except (OSError, KeyError, json.JSONDecodeError, yaml.YAMLError) as error:
         print(f"error: cannot read the reports: {type(error).__name__}: {error}", file=sys.stderr)

@@ -10,7 +10,8 @@ per method, with each method's steps that did not lower the cost on their own co
 never takes such a step; a path that did and ended lower reached a graph greedy cannot.
 
     python scripts/trajectory_costs.py runs/l18/bench-squeezenet/results.json \\
-        --model squeezenet-1.1:medium --out docs/img/trajectories.png [--csv FILE] [--json]
+        --model squeezenet-1.1:medium --out docs/img/trajectories.png [--csv FILE] [--json] \\
+        [--methods greedy taso ppo-squeezenet/seed-0]
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the PNG to draw")
     parser.add_argument("--csv", type=Path, help="also write method,step,cost_ms,relative")
     parser.add_argument("--json", action="store_true", help="print a summary object")
+    parser.add_argument(
+        "--methods", nargs="+", help="draw only the cells whose method contains one of these"
+    )
     args = parser.parse_args(argv)
     try:
         results = json.loads(args.results.read_text())
@@ -78,10 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     cells = {
         cell["method"]: cell
         for cell in results["cells"].values()
-        if cell["model"] == args.model and cell.get("deploy") == "offline" and cell.get("episode")
+        if cell["model"] == args.model
+        and cell.get("deploy") == "offline"
+        and cell.get("episode")
+        and (not args.methods or any(part in cell["method"] for part in args.methods))
     }
     if not cells:
-        print(f"error: no offline result with a path for {args.model}", file=sys.stderr)
+        print(
+            f"error: no offline result with a path for {args.model} (--methods?)", file=sys.stderr
+        )
         return 2
     run = results["settings"]
     settings = Deployment("offline").settings(OrtSettings(threads=run.get("threads", 1)))
