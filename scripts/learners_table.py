@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         for report in args.reports:
             results = json.loads((report / "results.json").read_text())
             for model, groups in rows_of(results).items():
-                rows[model] = {
-                    names.get(group, group): entries for group, entries in groups.items()
-                }
+                rows[model] = defaultdict(list)  # groups named alike are drawn as one
+                for group, entries in groups.items():
+                    rows[model][names.get(group, group)].extend(entries)
             peers.update(peers_of(results))
     except (OSError, KeyError, json.JSONDecodeError, yaml.YAMLError) as error:
         print(f"error: cannot read the reports: {type(error).__name__}: {error}", file=sys.stderr)
