@@ -136,6 +136,14 @@ def plot(rows: dict, peers: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def group_label(text: str) -> tuple[str, str]:
+    """`--name GROUP=LABEL` as (GROUP, LABEL); argparse reports anything else in one line."""
+    group, sep, label = text.partition("=")
+    if not sep or not group:
+        raise argparse.ArgumentTypeError(f"expected GROUP=LABEL, got {text!r}")
+    return group, label
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="rlflow bench report directories")
@@ -144,14 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         "--name",
         action="append",
         default=[],
+        type=group_label,
         metavar="GROUP=LABEL",
         help="show a method group (a run directory's name, e.g. ppo-resnet-18) as LABEL",
     )
     args = parser.parse_args(argv)
-    names = dict(entry.split("=", 1) for entry in args.name if "=" in entry)
-    if len(names) != len(args.name):
-        print("error: --name takes GROUP=LABEL", file=sys.stderr)
-        return 2
+    names = dict(args.name)
     rows: dict = {}
     peers: dict = {}
     try:
