@@ -3,14 +3,18 @@
 A rule is verified at each of its shape settings (three or more): its example model (the
 source pattern with random constants) is loaded, the rule is applied at its first site, the
 result must pass `onnx.checker.check_model(full_check=True)` and compute the same outputs as
-the example in onnxruntime on random inputs (`same_function`). A rule failing any setting is
-left out of every default RuleSet and listed by name with its reason. The rule generator checks
+the example in onnxruntime on random inputs (`same_function`), on the execution provider that
+will run the rewritten models (`rlflow.cost.session.default_provider`: CUDA where onnxruntime
+lists it). A rule failing any setting is left out of every default RuleSet and listed by name
+with its reason; so is a rule whose example or result does not run on that provider (CUDA's
+FusedConv, for one, takes Relu as its only activation, and a session holding any other fails to
+load). The rule generator checks
 its candidate rules with `same_function` too, so "verified" means one thing for every rule.
 
 Verdicts are cached in `$RLFLOW_CACHE_DIR/rewrite/verification.json` (default
 `~/.cache/rlflow/rewrite/`), keyed by rule name and a fingerprint of the rule's source, the
-engine's source and the onnx / onnxruntime versions, so `default_ruleset()` is fast after the
-first call and a changed rule is verified again.
+engine's source, the onnx / onnxruntime versions and the provider, so `default_ruleset()` is
+fast after the first call and a changed rule is verified again.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
-from rlflow.errors import first_line
+from rlflow.cost.session import default_provider
+from rlflow.errors import RlflowError, first_line
 from rlflow.rewrite.replacement import RewriteRejected
 from rlflow.rewrite.rule import Rule
 
@@ -92,7 +97,10 @@ def verify_rule(rule: Rule) -> VerificationResult:
             return failed(setting, f"rewrite rejected: {error}")
         except Exception as error:  # checker errors come in several types; a rule bug too
             return failed(setting, f"invalid result: {first_line(error)}")
-        report = same_function(graph, result)
+        try:
+            report = same_function(graph, result)
+        except RlflowError as error:  # a side onnxruntime cannot load or run on this provider
+            return failed(setting, f"does not run on {default_provider()}: {first_line(error)}")
         worst = max(worst, report.max_abs_err)
         if not report.equivalent:
             return failed(setting, report.reason)
@@ -175,7 +183,8 @@ def list_rules(rules: Sequence[Rule] | None = None, verify: bool = False) -> lis
 
 
 def rule_fingerprint(rule: Rule) -> str:
-    """Changes when the rule, the engine, onnx or onnxruntime may behave differently."""
+    """Changes when the rule, the engine, onnx, onnxruntime or its provider may behave
+    differently."""
     import onnxruntime
 
     return hashlib.sha256(
@@ -186,6 +195,7 @@ def rule_fingerprint(rule: Rule) -> str:
                 _engine_digest(),
                 onnx.__version__,
                 onnxruntime.__version__,
+                default_provider(),
             ]
         ).encode()
     ).hexdigest()[:24]

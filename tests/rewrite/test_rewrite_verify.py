@@ -98,3 +98,26 @@ def test_a_changed_rule_is_verified_again(cache, wrong_rule):
     (second,) = verify_rules([changed])
     assert first.fingerprint != second.fingerprint
     assert not first.passed and second.passed
+
+
+def test_a_rule_that_does_not_run_on_the_provider_is_left_out(cache, monkeypatch):
+    """On CUDA, FusedConv takes Relu only: a rule whose source pattern onnxruntime cannot load
+    there makes check_equivalence raise for the reference; verification reports the rule as
+    not running here, and the other rules are still verified (it never raises)."""
+    from rlflow.errors import RlflowError
+
+    rules = builtin_rules()[:2]
+    same_function = verify.same_function
+    calls = []
+
+    def reference_fails_for_the_first(reference, candidate):
+        calls.append(reference)
+        if len(calls) == 1:  # the first rule's first setting (rules are verified in order)
+            raise RlflowError("the reference model fails in onnxruntime: unsupported activation")
+        return same_function(reference, candidate)
+
+    monkeypatch.setattr(verify, "same_function", reference_fails_for_the_first)
+    results = verify_rules(rules, refresh=True)
+    assert not results[0].passed
+    assert "does not run on cpu: the reference model fails" in results[0].reason
+    assert results[1].passed
