@@ -166,19 +166,26 @@ def shapes_from_runtime(model: onnx.ModelProto, names: list[str]) -> dict[str, t
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    try:
-        session = ort.InferenceSession(
-            probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
-        feeds = {}
-        for arg in session.get_inputs():
-            dtype = _ORT_NUMPY.get(arg.type, np.float32)
-            feeds[arg.name] = np.zeros(arg.shape, dtype=dtype)
-        results = session.run(names, feeds)
-    except Exception as error:
+    # The CPU first; then CUDA where onnxruntime has it, for graphs that onnxruntime optimised
+    # for CUDA and that hold operators only CUDA implements (BiasSoftmax, for one).
+    attempts = [["CPUExecutionProvider"]]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        attempts.append(["CUDAExecutionProvider", "CPUExecutionProvider"])
+    for providers in attempts:
+        try:
+            session = ort.InferenceSession(probe.SerializeToString(), options, providers=providers)
+            feeds = {}
+            for arg in session.get_inputs():
+                dtype = _ORT_NUMPY.get(arg.type, np.float32)
+                feeds[arg.name] = np.zeros(arg.shape, dtype=dtype)
+            results = session.run(names, feeds)
+            break
+        except Exception as error:
+            failure = error
+    else:
         raise RlflowError(
             f"could not determine the shapes of {len(names)} values "
-            f"(e.g. {names[0]!r}): {first_line(error)}"
+            f"(e.g. {names[0]!r}): {first_line(failure)}"
         ) from None
     return {
         name: (helper.np_dtype_to_tensor_dtype(np.asarray(r).dtype), tuple(np.shape(r)))

@@ -116,3 +116,22 @@ def test_optimize_on_cuda_hands_back_a_model_that_runs_as_written_there(tmp_path
     np.testing.assert_allclose(
         session.run(None, feeds)[0], reference.run(None, feeds)[0], rtol=1e-3, atol=1e-4
     )
+
+
+def test_graphs_with_cuda_only_operators_load():
+    """onnxruntime's CUDA graphs of the attention models hold BiasSoftmax, which its CPU does
+    not implement: the shapes ONNX cannot infer are read off a run on the GPU instead."""
+    from onnx import TensorProto, helper
+
+    softmax = helper.make_node(
+        "BiasSoftmax", ["x", "b"], ["s"], domain="com.microsoft", axis=-1, is_inner_broadcast=0
+    )
+    graph = helper.make_graph(
+        [softmax, helper.make_node("Relu", ["s"], ["y"])],
+        "bias_softmax",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 8]) for name in "xb"],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    loaded = load_model(helper.make_model(graph, opset_imports=opsets))
+    assert [node.op_type for node in loaded.nodes] == ["BiasSoftmax", "Relu"]
