@@ -12,7 +12,9 @@ graph on its path, as greedy and TASO searches do.
 Every operator is timed alone by `PerOpCostModel` under the deployment's settings (offline:
 the optimiser off, as written), so its on-disk cache makes a rerun cheap; the table itself is
 written atomically after each model, with the models done in its metadata, and a rerun with
-the same settings resumes after them.
+the same settings resumes after them. A model that fails (say, a graph onnxruntime cannot
+load on this provider) is listed under `models_failed` with its reason and does not stop the
+others; the collection then ends with an RlflowError naming it, after the table is saved.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from rlflow.cost.device import device_info
 from rlflow.cost.ort_optimizer import start_states
 from rlflow.cost.perop import runs_in_place
 from rlflow.cost.table import CostTable
-from rlflow.errors import RlflowError
+from rlflow.errors import RlflowError, first_line
 from rlflow.graph import Graph
 from rlflow.rewrite import RuleSet, default_ruleset
 from rlflow.rewrite.session import RewriteSession
@@ -119,7 +121,8 @@ def collect_table(
     module docstring. `settings` are the user's (threads, provider); operators are timed at
     `deploy`'s level. `meta` entries (the command line, the zoo size) are recorded too.
     `jobs` > 1 runs the models' rollouts in that many processes, their timings one at a time
-    (`_collect_in_parallel`). RlflowError if `out` holds a table made under other settings."""
+    (`_collect_in_parallel`). RlflowError if `out` holds a table made under other settings, or
+    (after the others are collected and the table saved) if a model failed."""
     if steps < 1:
         raise RlflowError(f"--steps must be at least 1, got {steps}")
     if jobs < 1:
@@ -135,6 +138,7 @@ def collect_table(
     table.meta.update({key: value for key, value in wanted.items() if key not in FINGERPRINT})
     table.meta["models"] = list(dict.fromkeys([*table.meta.get("models", []), *dict(models)]))
     table.meta["complete"] = False
+    table.meta["models_failed"] = {}
     rules = ruleset if ruleset is not None else default_ruleset()
     run = (settings, deploy, steps, seed, rules)
     try:
@@ -146,6 +150,13 @@ def collect_table(
         perop.close()
     table.meta["complete"] = set(table.meta["models"]) <= set(table.meta["models_done"])
     table.save(out)
+    failed = table.meta["models_failed"]
+    if failed:
+        label, reason = next(iter(failed.items()))
+        raise RlflowError(
+            f"{len(failed)} of {len(table.meta['models'])} models failed (the others are in "
+            f"{out}): {label}: {reason}"
+        )
     return table
 
 
@@ -166,7 +177,11 @@ def _collect_models(
             progress.update(rollout_steps(deploy, steps))
             continue
         started = time.perf_counter()
-        _rollouts(recorder, label, original, run, progress)
+        try:
+            _rollouts(recorder, label, original, run, progress)
+        except RlflowError as error:
+            _model_failed(table, label, error, out)
+            continue
         _model_done(table, label, time.perf_counter() - started, out, progress)
 
 
@@ -202,6 +217,12 @@ def _model_done(
     table.meta["complete"] = len(table.meta["models_done"]) >= len(table.meta["models"])
     table.save(out)
     progress.set_postfix_str(f"{label} done, {len(table.entries)} operators", refresh=True)
+
+
+def _model_failed(table: CostTable, label: str, error: RlflowError, out: str | Path) -> None:
+    """Record why `label` failed and save the table: the operators of the other models stay."""
+    table.meta["models_failed"][label] = first_line(error)
+    table.save(out)
 
 
 def _collect_in_parallel(
@@ -242,7 +263,11 @@ def _collect_in_parallel(
                 for label, graph in todo
             }
             for future in as_completed(futures):
-                part, seconds = future.result()
+                try:
+                    part, seconds = future.result()
+                except RlflowError as error:
+                    _model_failed(table, futures[future], error, out)
+                    continue
                 table.entries.update(part.entries)
                 table.failed.update(part.failed)
                 progress.update(rollout_steps(deploy, steps))

@@ -73,3 +73,30 @@ def test_online_tables_time_at_level_all(mlp_model, tmp_path):
     )  # fmt: skip
     assert table.meta["ort_level"] == "all" and table.entries
     assert TableCostModel(table).report(graph).misses == 0
+
+
+def test_a_model_that_fails_does_not_stop_the_others(mlp_model, tmp_path, monkeypatch):
+    """A model whose rollouts fail (on a GPU: a graph onnxruntime optimised for CUDA that its
+    CPU cannot run) is listed with its reason; the others are collected and saved, and the
+    collection then fails with one line naming it."""
+    import rlflow.search.table_collect as table_collect
+
+    rollouts = table_collect._rollouts
+
+    def failing_for_broken(recorder, label, original, run, progress):
+        if label == "broken":
+            raise RlflowError("onnxruntime cannot load it here")
+        rollouts(recorder, label, original, run, progress)
+
+    monkeypatch.setattr(table_collect, "_rollouts", failing_for_broken)
+    graph = load_model(mlp_model)
+    out = tmp_path / "two.json"
+    with pytest.raises(RlflowError, match="1 of 2 models failed.*broken: onnxruntime cannot"):
+        collect_table(
+            [("broken", graph), ("mlp", graph)], out, settings=OrtSettings(provider="cpu"),
+            deploy=Deployment("offline"), steps=1,
+        )  # fmt: skip
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["models_done"] == ["mlp"] and meta["complete"] is False
+    assert meta["models_failed"] == {"broken": "onnxruntime cannot load it here"}
+    assert TableCostModel(load_table(str(out))).report(graph).misses == 0
