@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Everything docs/BENCHMARKS.md "GPU" needs, in one call on a lent GPU machine whose time is
+# short (minutes): install onnxruntime-gpu (parts already copied to /tmp/gpu-parts, see
+# ../shared/gpu/README.md) and rlflow, then the stages of scripts/bench_gpu.sh under one deadline,
+# the later ones side by side (their GPU timings still one at a time, under the timing lock).
+# Results (not the .onnx models the bench writes: a file coming back is limited to 16 MiB) are
+# packed into $OUT/gpu.tgz every 20 s and at the end, so a call cut off at its limit still
+# brings back every stage that finished.
+#
+#   scripts/gpu_lease.sh SECONDS        # stop everything SECONDS after the start
+#
+# PROVIDER (cuda; cpu tries the stages out here, without installing), NOISE=0 (no noise floor),
+# MODELS, SIZE (full), STEPS (table rollout steps, 10) and MIN_TIME (timed seconds per graph in
+# the bench, 0.3) as in scripts/bench_gpu.sh. The table is written as $RUNS/<gpu>.json; TABLE_FROM
+# names one brought back by an earlier lease (carried) for `costs collect` to resume.
+set -uo pipefail
+deadline=$(($(date +%s) + ${1:?usage: scripts/gpu_lease.sh SECONDS}))
+out=${OUT:-/tmp/gpu-out}
+runs=${RUNS:-/tmp/gpu-runs}
+mkdir -p "$out" "$runs"
+left() { echo $((deadline - $(date +%s))); }
+say() { echo "[gpu_lease $(date +%H:%M:%S) $(left)s left] $*" | tee -a "$runs/lease.log" >&2; }
+pack() {
+    (cd "$runs" && find . -type f ! -name '*.onnx' -size -8M | tar -czf "$out/partial.tgz" -T -) \
+        && mv "$out/partial.tgz" "$out/gpu.tgz"
+}
+(while sleep 20; do pack; done) &
+packer=$!
+
+provider=${PROVIDER:-cuda}
+if [ "$provider" = cuda ]; then
+    say "install"
+    bash .gpu/unpack.sh > "$runs/unpack.txt" 2>&1 || { cat "$runs/unpack.txt"; pack; exit 1; }
+    export PYTHONPATH=/tmp/site
+    python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . \
+        > "$runs/install.txt" 2>&1 || { cat "$runs/install.txt"; pack; exit 1; }
+    cat "$runs/unpack.txt"
+fi
+export PYTHONUNBUFFERED=1 RLFLOW_TIMING_LOCK=$runs/timing.lock
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)
+name=$(echo "$gpu" | grep -oiE '\b[ahl][0-9]+' | head -1 | tr 'A-Z' 'a-z')
+table=$runs/${name:-$provider}.json
+[ -z "${TABLE_FROM:-}" ] || cp "$TABLE_FROM" "$table"
+say "gpu: $gpu; table: $table"
+
+zoo="bert resnet-50 vit-base inception-v3 squeezenet-1.1 resnet-18 transformer-transducer"
+export SIZE=${SIZE:-full} MODELS=${MODELS:-$zoo resnext-50 mini-dalle}
+read -r -a models <<< "$MODELS"
+# Each stage stops at its share of the time left, so the ones after it still run.
+stage() { local share=$1; shift; timeout -k 5 $(($(left) * share / 100)) "$@"; }
+
+say "rules verified on $provider (once, before the processes that read the verdicts)"
+stage 30 python3 - > "$runs/rules.txt" 2>&1 <<'PY'
+from rlflow.rewrite.verify import verify_rules
+results = verify_rules()
+failed = [r for r in results if not r.passed]
+print(f"{len(results) - len(failed)} of {len(results)} rules pass")
+for r in failed:
+    print(f"{r.rule}: {r.reason}")
+PY
+head -1 "$runs/rules.txt"
+
+say "check: versions, gpu-marked tests"
+nvidia-smi > "$runs/nvidia-smi.txt" 2>&1
+python3 -c 'import onnxruntime as o, torch
+print(o.__version__, o.get_available_providers(), torch.__version__, torch.version.cuda)' \
+    > "$runs/versions.txt" 2>&1
+stage 15 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cost/test_cuda.py \
+    > "$runs/pytest-gpu.txt" 2>&1
+tail -3 "$runs/pytest-gpu.txt"
+
+say "table: ${models[*]}"
+stage 35 python3 -m rlflow.cli costs collect --provider "$provider" --models "${models[@]}" \
+    --size "$SIZE" --steps "${STEPS:-10}" --jobs ${#models[@]} --out "$table" --json \
+    > "$runs/table-summary.json" 2> "$runs/table.log"
+say "table done: $(tail -c 400 "$runs/table-summary.json")"
+
+say "side by side: noise floor, table vs end to end, bench (5 groups)"
+[ "${NOISE:-1}" = 0 ] || (for model in "${models[@]}"; do
+    python3 -m rlflow.cli measure "$model" --size "$SIZE" --vs "$model" --provider "$provider" \
+        --json > "$runs/self-$model.json" 2>> "$runs/self.log"
+done) &
+stage 90 python3 scripts/bench_perop_offline.py --size "$SIZE" --models "${models[@]}" \
+    --provider "$provider" --table "$table" --min-time "${MIN_TIME:-0.3}" \
+    --out "$runs/table-vs-e2e" > "$runs/table-vs-e2e.log" 2>&1 &
+for index in 0 1 2 3 4; do
+    members=()
+    for ((i = index; i < ${#models[@]}; i += 5)); do members+=("${models[i]}"); done
+    (stage 90 python3 -m rlflow.cli bench --models "${members[@]}" --size "$SIZE" \
+        --provider "$provider" --methods greedy taso --deploys offline --cost "table:$table" \
+        --min-time "${MIN_TIME:-0.3}" --out "$runs/bench-offline-$index" --json \
+        > "$runs/bench-offline-$index.json" 2> "$runs/bench-offline-$index.log"
+     stage 90 python3 -m rlflow.cli bench --models "${members[@]}" --size "$SIZE" \
+        --provider "$provider" --methods taso --deploys online --no-peer \
+        --min-time "${MIN_TIME:-0.3}" \
+        --out "$runs/bench-online-$index" --json \
+        > "$runs/bench-online-$index.json" 2> "$runs/bench-online-$index.log") &
+done
+while [ "$(left)" -gt 15 ] && [ -n "$(jobs -rp | grep -vx "$packer")" ]; do sleep 5; done
+say "done (or out of time)"
+kill $(jobs -rp) 2> /dev/null
+pkill -f rlflow.cli 2> /dev/null
+pack
