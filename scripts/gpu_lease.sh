@@ -12,7 +12,9 @@
 # PROVIDER (cuda; cpu tries the stages out here, without installing), NOISE=0 (no noise floor),
 # MODELS, SIZE (full), STEPS (table rollout steps, 10) and MIN_TIME (timed seconds per graph in
 # the bench, 0.3) as in scripts/bench_gpu.sh. The table is written as $RUNS/<gpu>.json; TABLE_FROM
-# names one brought back by an earlier lease (carried) for `costs collect` to resume.
+# names one brought back by an earlier lease (carried) for `costs collect` to resume. rlflow's
+# caches live in $RUNS/cache and come back too: every operator timed, finished model or not
+# (cache/perop.sqlite; its keys name the GPU); CACHE_FROM names such a file to start from.
 set -uo pipefail
 deadline=$(($(date +%s) + ${1:?usage: scripts/gpu_lease.sh SECONDS}))
 out=${OUT:-/tmp/gpu-out}
@@ -36,7 +38,9 @@ if [ "$provider" = cuda ]; then
         > "$runs/install.txt" 2>&1 || { cat "$runs/install.txt"; pack; exit 1; }
     cat "$runs/unpack.txt"
 fi
-export PYTHONUNBUFFERED=1 RLFLOW_TIMING_LOCK=$runs/timing.lock
+export PYTHONUNBUFFERED=1 RLFLOW_TIMING_LOCK=$runs/timing.lock RLFLOW_CACHE_DIR=$runs/cache
+mkdir -p "$RLFLOW_CACHE_DIR"
+[ -z "${CACHE_FROM:-}" ] || cp "$CACHE_FROM" "$RLFLOW_CACHE_DIR/perop.sqlite"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)
 name=$(echo "$gpu" | grep -oiE '\b[ahl][0-9]+' | head -1 | tr 'A-Z' 'a-z')
 table=$runs/${name:-$provider}.json

@@ -16,6 +16,7 @@ stops (`timed_run`), so a time is the kernels' and not a host copy's or a queue'
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -98,12 +99,15 @@ class OrtSettings:
         return replace(self, provider=default_provider())
 
     def key(self) -> str:
-        """A stable text for cache keys (provider resolved, onnxruntime and timing versions)."""
+        """A stable text for cache keys (provider resolved, onnxruntime and timing versions; on
+        CUDA the GPU's name)."""
         fields = asdict(self.resolved())
         if not fields["disabled"]:
             del fields["disabled"]  # keys made before the field existed stay valid
         if fields["provider"] == "cpu":
             del fields["tf32"]  # no effect on CPU; CPU keys made before it stay valid
+        else:  # a cache carried from one GPU to another must not hand over its timings
+            fields["gpu"] = gpu_name()
         text = ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
         return f"{text},ort={ort.__version__},timing=v{TIMING_VERSION}"
 
@@ -114,6 +118,14 @@ class OrtSettings:
         if provider != "cuda":
             return {}
         return {"device_id": "0", **CUDA_NUMERICS, "use_tf32": "1" if self.tf32 else "0"}
+
+
+@functools.cache
+def gpu_name() -> str | None:
+    """The name of the GPU that CUDA timings ran on (read once per process)."""
+    from rlflow.cost.device import gpu_facts
+
+    return gpu_facts()["device"]
 
 
 def default_provider() -> str:

@@ -135,3 +135,10 @@ def test_graphs_with_cuda_only_operators_load():
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     loaded = load_model(helper.make_model(graph, opset_imports=opsets))
     assert [node.op_type for node in loaded.nodes] == ["BiasSoftmax", "Relu"]
+
+
+def test_cuda_cache_keys_name_the_gpu():
+    """A per-op cache carried from one GPU to another must not hand over its timings."""
+    from rlflow.cost.device import gpu_facts
+
+    assert f"gpu={gpu_facts()['device']}" in CUDA.key()
