@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything docs/BENCHMARKS.md "GPU" needs, in one call on a lent GPU machine whose time is
-# short (minutes): install onnxruntime-gpu (parts already copied to /tmp/gpu-parts, see
-# ../shared/gpu/README.md) and rlflow, then the stages of scripts/bench_gpu.sh under one deadline,
-# the later ones side by side (their GPU timings still one at a time, under the timing lock).
+# short (minutes): install onnxruntime-gpu (its wheel's parts copied to /tmp/gpu-parts by the
+# calls before, with .gpu/unpack.sh to join them, where the machine reaches no package index) and
+# rlflow, then the stages of scripts/bench_gpu.sh under one deadline, the later ones side by side
+# (their GPU timings still one at a time, under the timing lock).
 # Results (not the .onnx models the bench writes: a file coming back is limited to 16 MiB) are
 # packed into $OUT/gpu.tgz every 20 s and at the end, so a call cut off at its limit still
 # brings back every stage that finished.
@@ -54,7 +55,7 @@ read -r -a models <<< "$MODELS"
 stage() { local share=$1; shift; timeout -k 5 $(($(left) * share / 100)) "$@"; }
 
 say "rules verified on $provider (once, before the processes that read the verdicts)"
-stage 30 python3 - > "$runs/rules.txt" 2>&1 <<'PY'
+stage 30 python3 - > "$runs/rules.txt" 2> "$runs/rules.log" <<'PY'
 from rlflow.rewrite.verify import verify_rules
 results = verify_rules()
 failed = [r for r in results if not r.passed]

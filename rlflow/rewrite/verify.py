@@ -8,8 +8,8 @@ will run the rewritten models (`rlflow.cost.session.default_provider`: CUDA wher
 lists it). A rule failing any setting is left out of every default RuleSet and listed by name
 with its reason; so is a rule whose example or result does not run on that provider (CUDA's
 FusedConv, for one, takes Relu as its only activation, and a session holding any other fails to
-load). The rule generator checks
-its candidate rules with `same_function` too, so "verified" means one thing for every rule.
+load). The rule generator checks its candidate rules with `same_function` too, so "verified"
+means one thing for every rule.
 
 Verdicts are cached in `$RLFLOW_CACHE_DIR/rewrite/verification.json` (default
 `~/.cache/rlflow/rewrite/`), keyed by rule name and a fingerprint of the rule's source, the
