@@ -15,7 +15,8 @@
 #          in BENCH_GROUPS (3) processes at once, timing one at a time under one lock
 #
 # RLFLOW (default: `python3 -m rlflow.cli`) runs rlflow; MODELS, SIZE (full), STEPS (20),
-# JOBS (6) and PROVIDER (cuda; cpu to try the stages out here) change what is run. On the CPU
+# JOBS (6), MIN_TIME (timed seconds per graph in `error` and `bench`; default adaptive) and
+# PROVIDER (cuda; cpu to try the stages out here) change what is run. On the CPU
 # provider the lock keeps timings apart but not the other processes' CPU work beside them
 # (rlflow/cost/timing_lock.py): there, numbers worth keeping need JOBS=1 BENCH_GROUPS=1.
 set -uo pipefail
@@ -30,6 +31,8 @@ read -r -a models <<< "${MODELS:-bert vit-base mini-dalle transformer-transducer
 table=${TABLE:-$runs/h100.json}
 export RLFLOW_TIMING_LOCK=${RLFLOW_TIMING_LOCK:-$runs/timing.lock}
 say() { echo "[bench_gpu $(date +%H:%M:%S)] $*" >&2; }
+min_time=()
+[ -z "${MIN_TIME:-}" ] || min_time=(--min-time "$MIN_TIME")
 
 check() {
     nvidia-smi > "$runs/nvidia-smi.txt" 2>&1
@@ -55,7 +58,7 @@ collect_table() {
 table_error() {
     say "table vs end to end"
     python3 scripts/bench_perop_offline.py --size "$size" --models "${models[@]}" \
-        --provider "$provider" --table "$table" --out "$runs/table-vs-e2e"
+        --provider "$provider" --table "$table" "${min_time[@]}" --out "$runs/table-vs-e2e"
 }
 
 bench() {
@@ -67,10 +70,10 @@ bench() {
         [ ${#members[@]} -gt 0 ] || continue
         (
             rlflow bench --models "${members[@]}" --size "$size" --provider "$provider" \
-                --methods greedy taso --deploys offline --cost "table:$table" \
+                --methods greedy taso --deploys offline --cost "table:$table" "${min_time[@]}" \
                 --out "$runs/bench-offline-$index" > "$runs/bench-offline-$index.log" 2>&1
             rlflow bench --models "${members[@]}" --size "$size" --provider "$provider" \
-                --methods taso --deploys online --no-peer \
+                --methods taso --deploys online --no-peer "${min_time[@]}" \
                 --out "$runs/bench-online-$index" > "$runs/bench-online-$index.log" 2>&1
         ) &
     done

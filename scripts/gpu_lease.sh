@@ -85,22 +85,9 @@ say "side by side: noise floor, table vs end to end, bench (5 groups)"
     python3 -m rlflow.cli measure "$model" --size "$SIZE" --vs "$model" --provider "$provider" \
         --json > "$runs/self-$model.json" 2>> "$runs/self.log"
 done) &
-stage 90 python3 scripts/bench_perop_offline.py --size "$SIZE" --models "${models[@]}" \
-    --provider "$provider" --table "$table" --min-time "${MIN_TIME:-0.3}" \
-    --out "$runs/table-vs-e2e" > "$runs/table-vs-e2e.log" 2>&1 &
-for index in 0 1 2 3 4; do
-    members=()
-    for ((i = index; i < ${#models[@]}; i += 5)); do members+=("${models[i]}"); done
-    (stage 90 python3 -m rlflow.cli bench --models "${members[@]}" --size "$SIZE" \
-        --provider "$provider" --methods greedy taso --deploys offline --cost "table:$table" \
-        --min-time "${MIN_TIME:-0.3}" --out "$runs/bench-offline-$index" --json \
-        > "$runs/bench-offline-$index.json" 2> "$runs/bench-offline-$index.log"
-     stage 90 python3 -m rlflow.cli bench --models "${members[@]}" --size "$SIZE" \
-        --provider "$provider" --methods taso --deploys online --no-peer \
-        --min-time "${MIN_TIME:-0.3}" \
-        --out "$runs/bench-online-$index" --json \
-        > "$runs/bench-online-$index.json" 2> "$runs/bench-online-$index.log") &
-done
+export TABLE=$table MIN_TIME=${MIN_TIME:-0.3} BENCH_GROUPS=5 PROVIDER=$provider
+stage 90 scripts/bench_gpu.sh "$runs" error &
+stage 90 scripts/bench_gpu.sh "$runs" bench &
 while [ "$(left)" -gt 15 ] && [ -n "$(jobs -rp | grep -vx "$packer")" ]; do sleep 5; done
 say "done (or out of time)"
 kill $(jobs -rp) 2> /dev/null
