@@ -11,8 +11,11 @@
 #   scripts/gpu_lease.sh SECONDS        # stop everything SECONDS after the start
 #
 # PROVIDER (cuda; cpu tries the stages out here, without installing), NOISE=0 (no noise floor),
-# MODELS, SIZE (full), STEPS (table rollout steps, 10) and MIN_TIME (timed seconds per graph in
-# the bench, 0.3) as in scripts/bench_gpu.sh. The table is written as $RUNS/<gpu>.json; TABLE_FROM
+# MODELS, SIZE (full), STEPS (table rollout steps, 10), JOBS (table workers, one per model),
+# MIN_TIME (timed seconds per graph in the bench, 0.3) and COST (what ranks the bench's searches,
+# default the table) as in scripts/bench_gpu.sh; TABLE_SHARE (35) is the percentage of the time
+# left that the table may take, BENCH_MODELS (MODELS) the models the bench runs. The gpu-marked
+# tests run beside the table (every GPU timing of either holds the timing lock). The table is written as $RUNS/<gpu>.json; TABLE_FROM
 # names one brought back by an earlier lease (carried) for `costs collect` to resume. rlflow's
 # caches live in $RUNS/cache and come back too: every operator timed, finished model or not
 # (cache/perop.sqlite; its keys name the GPU); CACHE_FROM names such a file to start from.
@@ -65,20 +68,22 @@ for r in failed:
 PY
 head -1 "$runs/rules.txt"
 
-say "check: versions, gpu-marked tests"
+say "check: versions; gpu-marked tests beside the table"
 nvidia-smi > "$runs/nvidia-smi.txt" 2>&1
 python3 -c 'import onnxruntime as o, torch
 print(o.__version__, o.get_available_providers(), torch.__version__, torch.version.cuda)' \
     > "$runs/versions.txt" 2>&1
 stage 15 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cost/test_cuda.py \
-    > "$runs/pytest-gpu.txt" 2>&1
-tail -3 "$runs/pytest-gpu.txt"
+    > "$runs/pytest-gpu.txt" 2>&1 &
+tests=$!
 
 say "table: ${models[*]}"
-stage 35 python3 -m rlflow.cli costs collect --provider "$provider" --models "${models[@]}" \
-    --size "$SIZE" --steps "${STEPS:-10}" --jobs ${#models[@]} --out "$table" --json \
-    > "$runs/table-summary.json" 2> "$runs/table.log"
+stage "${TABLE_SHARE:-35}" python3 -m rlflow.cli costs collect --provider "$provider" \
+    --models "${models[@]}" --size "$SIZE" --steps "${STEPS:-10}" --jobs "${JOBS:-${#models[@]}}" \
+    --out "$table" --json > "$runs/table-summary.json" 2> "$runs/table.log"
 say "table done: $(tail -c 400 "$runs/table-summary.json")"
+wait "$tests"
+say "gpu-marked tests: $(tail -1 "$runs/pytest-gpu.txt")"
 
 say "side by side: noise floor, table vs end to end, bench (5 groups)"
 [ "${NOISE:-1}" = 0 ] || (for model in "${models[@]}"; do
@@ -87,7 +92,7 @@ say "side by side: noise floor, table vs end to end, bench (5 groups)"
 done) &
 export TABLE=$table MIN_TIME=${MIN_TIME:-0.3} BENCH_GROUPS=5 PROVIDER=$provider
 stage 90 scripts/bench_gpu.sh "$runs" error &
-stage 90 scripts/bench_gpu.sh "$runs" bench &
+MODELS=${BENCH_MODELS:-$MODELS} stage 90 scripts/bench_gpu.sh "$runs" bench &
 while [ "$(left)" -gt 15 ] && [ -n "$(jobs -rp | grep -vx "$packer")" ]; do sleep 5; done
 say "done (or out of time)"
 kill $(jobs -rp) 2> /dev/null
