@@ -36,9 +36,9 @@ from onnx import helper, numpy_helper
 from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.cost.device import cpu_model
 from rlflow.cost.session import OrtSettings, make_session, timed_run
-from rlflow.cost.source import max_ort_ir_version
 from rlflow.cost.timing_lock import exclusive_timing
 from rlflow.errors import RlflowError
+from rlflow.graph.shapes import max_ort_ir_version
 
 PEAKS_VERSION = 2  # part of the cache key: bump when what is measured changes
 MATMUL_SIZE = 512

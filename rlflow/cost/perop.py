@@ -60,12 +60,13 @@ from rlflow.cost.cache import cache_dir
 from rlflow.cost.deploy import declared_settings
 from rlflow.cost.inputs import int_range, random_tensor
 from rlflow.cost.session import OrtSettings, make_session, timed_run
-from rlflow.cost.source import ModelLike, TensorSpec, max_ort_ir_version
+from rlflow.cost.source import ModelLike, TensorSpec
 from rlflow.cost.timing_lock import exclusive_timing
 from rlflow.errors import first_line
 from rlflow.graph import Graph, Node, load_model
 from rlflow.graph.domains import is_standard, opset_for
 from rlflow.graph.hashing import digest
+from rlflow.graph.shapes import max_ort_ir_version
 
 COLD_WEIGHT_BYTES = 64 * 2**10
 """A constant input this large makes an operator's timing cold (see the module docstring)."""

@@ -12,17 +12,16 @@ exports) have a default, its initializer, and are run with it. Dynamic dims take
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import onnx
-from onnx import helper
 
 from rlflow.cost.domains import INT_TYPES, GraphView, InputDomain, input_domain
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
+from rlflow.graph.shapes import max_ort_ir_version
 
 ModelLike = Graph | onnx.ModelProto
 
@@ -119,28 +118,6 @@ class ModelSource:
                 f"model inputs have dynamic dims ({', '.join(dynamic)}); load it with "
                 "rlflow.graph.load_model(..., input_shapes=...) to fix them"
             )
-
-
-@functools.cache
-def max_ort_ir_version() -> int:
-    """The newest ONNX IR version this onnxruntime loads, found by trying a one-node model."""
-    import onnxruntime as ort
-
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
-        "probe",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
-    )
-    for version in range(onnx.IR_VERSION, 3, -1):
-        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-        probe.ir_version = version
-        try:
-            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-        except Exception:  # onnxruntime's error types differ by version; any means "too new"
-            continue
-        return version
-    return onnx.IR_VERSION
 
 
 def _spec(info: onnx.ValueInfoProto, given: tuple[int, ...] | None = None) -> TensorSpec:

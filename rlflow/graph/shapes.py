@@ -4,6 +4,8 @@ and, for operators ONNX cannot infer (contrib or custom ops), one run in onnxrun
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -153,12 +155,37 @@ def evaluate_node(
     return [np.asarray(r) for r in results]
 
 
+@functools.cache
+def max_ort_ir_version() -> int:
+    """The newest ONNX IR version this onnxruntime loads, found by trying a one-node model."""
+    import onnxruntime as ort
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "probe",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    for version in range(onnx.IR_VERSION, 3, -1):
+        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        probe.ir_version = version
+        try:
+            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        except Exception:  # onnxruntime's error types differ by version; any means "too new"
+            continue
+        return version
+    return onnx.IR_VERSION
+
+
 def shapes_from_runtime(model: onnx.ModelProto, names: list[str]) -> dict[str, tuple[int, tuple]]:
     """Types of values ONNX could not infer, read off one onnxruntime run on zero inputs."""
     import onnxruntime as ort
 
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
+    # A model written by a newer onnx than this onnxruntime reads (the probe needs no newer
+    # IR feature): onnxruntime would refuse it as "Unsupported" before running anything.
+    probe.ir_version = min(probe.ir_version, max_ort_ir_version())
     known_outputs = {o.name for o in probe.graph.output}
     for name in names:
         if name not in known_outputs:

@@ -92,6 +92,25 @@ def test_unknown_operator_is_kept_opaque():
     np.testing.assert_allclose(run_onnx(graph.to_onnx(), feeds)[0], run_onnx(model, feeds)[0])
 
 
+def test_shape_probe_reads_a_model_newer_than_onnxruntime():
+    """A model written by a newer onnx than onnxruntime reads (as the GPU machine's onnx and
+    onnxruntime-gpu were) still has its contrib op's shape read off a run: the probe lowers
+    the IR version, which onnxruntime would otherwise refuse before running anything."""
+    import onnx
+
+    from rlflow.graph.shapes import max_ort_ir_version
+
+    w = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("FastGelu", ["h"], ["y"], domain="com.microsoft"),
+    ]
+    model = make_model(nodes, [("x", [2, 4])], ["y"], [("w", w)])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    model.ir_version = max(onnx.IR_VERSION, max_ort_ir_version()) + 1
+    assert load_model(model).value("y").shape == (2, 6)
+
+
 def test_dynamic_input_needs_a_shape():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", ["batch", 4])], ["y"])
     with pytest.raises(RlflowError, match=r"dynamic dims: x\['batch', 4\].*--input-shape"):
