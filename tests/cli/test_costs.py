@@ -57,12 +57,31 @@ def test_search_ranks_by_a_table_end_to_end(capfd, tmp_path, table_path):
     assert out.is_file() and summary["equivalent"]
 
 
+def test_search_on_a_cpu_machine_ranks_by_the_shipped_gpu_table(capfd, tmp_path):
+    """`--cost table:h200`: graphs ranked by operator times measured on an H200, here on a CPU
+    (the result is then measured and checked on this machine's provider)."""
+    out = tmp_path / "s.onnx"
+    argv = ["search", MODEL, "--size", "full", "--method", "greedy", "--budget", "2"]
+    argv += ["--start", "original", "--cost", "table:h200", "-o", str(out)]
+    code = main([*argv, "--min-time", "0.05", "--no-peer", "--json"])
+    stdout, err = capfd.readouterr()
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["cost_model"] == "table:h200"
+    details = summary["cost_table"]
+    assert details["device"] == "NVIDIA H200" and details["provider"] == "cuda"
+    assert details["graphs_costed"] > 0 and 0.0 <= details["miss_share"] < 0.5
+    assert "cost table h200 (cuda on NVIDIA H200" in err
+    assert out.is_file() and summary["equivalent"]
+
+
 def test_costs_list(capfd):
     assert main(["costs", "list", "--json"]) == 0
     listing = json.loads(capfd.readouterr().out)
     assert isinstance(listing["tables"], list)
     for row in listing["tables"]:
         assert row["operators"] > 0 and row["provider"] in ("cpu", "cuda")
+    assert "h200" in [row["name"] for row in listing["tables"]]
 
 
 def test_a_missing_table_is_one_line_before_any_work(capfd, tmp_path):
