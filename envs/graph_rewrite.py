@@ -123,6 +123,9 @@ class GraphRewriteEnv(gym.Env):
     - `"table:NAME"` or `"table:PATH"`: a cost table's per-op times, measured once on another
       device (a GPU's, `rlflow costs collect`), every step; operators it lacks are estimated
       by its fitted roofline (`rlflow.cost.table.TableCostModel`, `env.table_model.usage()`).
+      A table of another provider than the one here (a GPU's on a CPU machine) makes graphs
+      for that provider: episodes start from the original, with the rules it verified and
+      none of the CPU's own layouts (`CostTable.made_elsewhere`).
     - `"e2e"`: the end-to-end latency measured in onnxruntime, every step: C_t is C_0 times
       the graph's ratio to the original, both timed interleaved in one run (the median of
       per-pair ratios, `Runner.compare`), and C_0 the original's median run. A reward thus
@@ -246,7 +249,21 @@ class GraphRewriteEnv(gym.Env):
         self.ort_level = ort_level
         self.deployment = Deployment(deploy)
         self.start = start
-        self.ruleset = ruleset if ruleset is not None else _default_rules(portable)
+        self.settings = settings = measurement_settings(ort_level, deploy, provider)
+        """The onnxruntime settings measurements run under (offline: the optimiser off)."""
+        self.table_model = (
+            TableCostModel(cost[len(TABLE_COST) :]) if cost.startswith(TABLE_COST) else None
+        )
+        """The cost table of a `table:` cost (None otherwise)."""
+        if ruleset is None:
+            ruleset = _default_rules(portable)
+            table = self.table_model.table if self.table_model is not None else None
+            here = settings.resolved().provider
+            if table is not None and table.made_elsewhere(here):
+                # Graphs for the table's provider: the rules it verified, not the CPU's own.
+                table.check_start(start, here)
+                ruleset = ruleset.select(names=table.rules, provider=table.provider)
+        self.ruleset = ruleset
         self.rule_names: list[str] = self.ruleset.names
         self._rule_ids = {name: index for index, name in enumerate(self.rule_names)}
         self.max_nodes, self.max_edges = max_nodes, max_edges
@@ -256,8 +273,6 @@ class GraphRewriteEnv(gym.Env):
         self._horizon_arg = horizon
 
         self.analytic = AnalyticCostModel()
-        self.settings = settings = measurement_settings(ort_level, deploy, provider)
-        """The onnxruntime settings measurements run under (offline: the optimiser off)."""
         needs_runner = cost in MEASURED_COSTS
         if runner is None and needs_runner:
             # A reward is measured on every (e2e) or every Nth (e2e-sparse) step: a fixed half
@@ -268,10 +283,6 @@ class GraphRewriteEnv(gym.Env):
         self._owns_perop = cost in ("perop", "perop-e2e") and perop_model is None
         if self._owns_perop:
             self.perop_model = PerOpCostModel(settings, analytic=self.analytic)
-        self.table_model = (
-            TableCostModel(cost[len(TABLE_COST) :]) if cost.startswith(TABLE_COST) else None
-        )
-        """The cost table of a `table:` cost (None otherwise)."""
         self.real_measurements = 0
         """End-to-end measurements actually made (cache misses) since the env was made."""
 

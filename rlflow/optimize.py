@@ -47,9 +47,11 @@ from rlflow.cost.ort_optimizer import (
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_bytes_atomic
 from rlflow.graph import Graph, Interface
+from rlflow.rewrite import RuleSet, default_ruleset
 from rlflow.rewrite.session import RewriteSession
 from rlflow.search import Board, Progress, SearchResult, default_runner, finish, make_cost
 from rlflow.search.base import NO_PROGRESS
+from rlflow.search.cost import table_elsewhere
 
 SEARCH_METHODS = ("greedy", "taso", "random", "brkga")
 DEFAULT_METHOD = "taso"
@@ -192,18 +194,20 @@ class Run:
     """What speedups are against (default: the start graph)."""
     search_cost: str = "analytic"
     """The cost a search ranks graphs by when `options.cost` names none."""
+    ruleset: RuleSet | None = None
+    """The rules a search rewrites with (None: `default_ruleset`, portable if asked)."""
 
 
 def run_search(name: str, start: Graph, run: Run, **extra: Any) -> SearchResult:
     """Run a search baseline from `start`; its result is measured but not yet checked.
     `extra` are further keyword arguments of the method (e.g. brkga's `biases`)."""
-    from rlflow.rewrite import default_ruleset
     from rlflow.search import search
 
     options = run.options
     options.validate()
     cost = make_cost(options.cost or run.search_cost, run.settings)
-    session = RewriteSession(start, default_ruleset(portable=options.portable), model=run.label)
+    rules = run.ruleset if run.ruleset is not None else default_ruleset(options.portable)
+    session = RewriteSession(start, rules, model=run.label)
     kwargs: dict[str, Any] = {
         "runner": run.runner,
         "top_k": options.top_k,
@@ -443,6 +447,30 @@ def choose_start(
     return states[best], speedups
 
 
+def ranking_cost(method: Method, options: SearchOptions) -> str | None:
+    """The cost that ranks `method`'s graphs where it matters here (a cost table): `--cost`,
+    else, for an agent, the table its training env was rewarded by (None: neither)."""
+    if options.cost or method.agent is None:
+        return options.cost
+    from rlflow.worldmodel.policy import load_agent_policy
+
+    cost = str(load_agent_policy(method.agent).env_config.get("cost", ""))
+    return cost if cost.startswith("table:") else None
+
+
+def start_for_cost(
+    start: str | StartState, cost: str | None, settings: OrtSettings
+) -> str | StartState:
+    """`start` for a search ranked by `cost`: from the original where that is a cost table of
+    another provider (`CostTable.made_elsewhere`; `best` too, and onnxruntime's graphs, made
+    here for this machine's provider, are refused with a one-line error)."""
+    table = table_elsewhere(cost, settings)
+    if table is None or isinstance(start, StartState):
+        return start
+    table.check_start(start, settings.resolved().provider)
+    return "original"
+
+
 def optimize(
     original: Graph,
     method: Method,
@@ -481,6 +509,14 @@ def optimize(
     runner = runner or default_runner(settings)
     reference: Graph | None = original if deploy.mode == "offline" else None
     start_speedups: dict[str, float] = {}
+    ranked_by = ranking_cost(method, options)
+    elsewhere = table_elsewhere(ranked_by, settings)
+    start = start_for_cost(start, ranked_by, settings)
+    rules = None
+    if elsewhere is not None:  # graphs for the table's provider, with the rules it verified
+        rules = default_ruleset(options.portable).select(
+            names=elsewhere.rules, provider=elsewhere.provider
+        )
     if deploy.mode == "online" or options.portable:  # ORT's graphs hold its own operators
         start = StartState("original", original, None)
     elif start == "best":
@@ -495,11 +531,13 @@ def optimize(
         progress,
         reference,
         search_cost=SEARCH_COSTS[deploy.mode],
+        ruleset=rules,
     )
     result = run_method(method, start.graph, run)
     provider = settings.provider
+    target = elsewhere.provider if elsewhere is not None else provider
     graph = result.graph.with_metadata(
-        deploy.metadata(provider, {node.domain for node in result.graph.nodes})
+        deploy.metadata(target, {node.domain for node in result.graph.nodes})
     )
     handed = (
         None
@@ -516,7 +554,12 @@ def optimize(
         if progress is not None:
             progress.set_postfix_str("timing onnxruntime's own knobs (the tuning peer)")
         tuning = tuning_peer(original, runner)
-    ort_all = optimized_graph(original, replace(settings, ort_level="all", disabled=()))
+    # onnxruntime's `all` graph here is this provider's: beside a result for another one
+    # (a cost table made elsewhere) it would say nothing.
+    fusions = {}
+    if elsewhere is None:
+        ort_all = optimized_graph(original, replace(settings, ort_level="all", disabled=()))
+        fusions = fusion_table(ort_all, graph)
     return OptimizeResult(
         method=method,
         original=original,
@@ -529,7 +572,7 @@ def optimize(
         start=start,
         start_speedups=start_speedups,
         peer=tuning,
-        fusions=fusion_table(ort_all, graph),
+        fusions=fusions,
         handed=handed,
     )
 
@@ -545,6 +588,8 @@ __all__ = [
     "choose_start",
     "expansion_total",
     "optimize",
+    "ranking_cost",
     "run_method",
+    "start_for_cost",
     "write_model",
 ]

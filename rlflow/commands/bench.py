@@ -179,8 +179,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     for key, minimum in (("budget", 1), ("episodes", 1), ("top_k", 1), ("threads", 1)):
         check_number(f"--{key.replace('_', '-')}", options[key], minimum)
     check_number("--min-time", options["min_time"], 0.0)
-    check_cost_table(options["cost"])
     options["provider"] = chosen_provider(args.provider, "bench")
+    check_cost_table(options["cost"], str(options["start"]), options["provider"])
     options["methods"] = [Method.parse(method) for method in options["methods"]]
     labels = [method.label for method in options["methods"]]
     if len(set(labels)) != len(labels):
@@ -320,7 +320,13 @@ def bench_model(
     from rlflow.cost.ort_optimizer import start_state, tuning_peer
     from rlflow.fileio import write_json_atomic
     from rlflow.graph import load_model, load_with_interface
-    from rlflow.optimize import SearchOptions, choose_start, optimize
+    from rlflow.optimize import (
+        SearchOptions,
+        choose_start,
+        optimize,
+        ranking_cost,
+        start_for_cost,
+    )
     from rlflow.report import read_progress, real_env_steps
     from rlflow.search import default_runner
 
@@ -360,6 +366,8 @@ def bench_model(
             bar.set_description(f"{label} {method.label} {mode}")
             if mode == "offline" and isinstance(start, str):
                 # One start state for every method of the model, measured once.
+                ranked_by = [ranking_cost(m, search_options) for m in options["methods"]]
+                start = start_for_cost(start, next(filter(None, ranked_by), None), settings)
                 if start == "best":
                     start, speedups = choose_start(original(), runner)
                     state["starts"][f"{label}|{mode}"] = speedups

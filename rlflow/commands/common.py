@@ -185,12 +185,19 @@ def cost_type(names: tuple[str, ...]) -> Any:
     return parse
 
 
-def check_cost_table(cost: str | None) -> None:
-    """RlflowError now, before any work, if `cost` names a table that cannot be read."""
+def check_cost_table(
+    cost: str | None, start: str | None = None, provider: str | None = None
+) -> None:
+    """RlflowError now, before any work, if `cost` names a table that cannot be read, or one
+    of another provider than `provider` (measuring here) with a `start` it cannot take
+    (`CostTable.check_start`)."""
     if cost is not None and cost.startswith(COST_TABLE_PREFIX):
+        from rlflow.cost.session import OrtSettings
         from rlflow.cost.table import load_table
 
-        load_table(cost[len(COST_TABLE_PREFIX) :])
+        table = load_table(cost[len(COST_TABLE_PREFIX) :])
+        if start is not None:
+            table.check_start(start, OrtSettings(provider=provider or "auto").resolved().provider)
 
 
 # ---- checks before any work ------------------------------------------------------------------

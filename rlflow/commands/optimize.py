@@ -177,7 +177,7 @@ def optimize_to_file(
         raise RlflowError(f"--exploration must be at most 1, got {args.exploration}")
     check_number("--min-time", args.min_time, 0.0)
     check_number("--threads", args.threads, 1)
-    check_cost_table(args.cost)
+    check_cost_table(args.cost, args.start, args.provider)
     options = SearchOptions(
         budget=args.budget,
         cost=args.cost,
@@ -277,6 +277,13 @@ def table_line(details: Mapping[str, Any]) -> str:
 def _how_measured(summary: Mapping[str, Any]) -> str:
     finalists = len(summary["finalists"])
     start = summary["start_state"]
+    target = (summary["target"] or {}).get("provider", summary["provider"])
+    if target != summary["provider"]:
+        return (
+            f"measured here on {summary['provider']}; the result is for {target}, chosen by "
+            f"{summary['cost_model']}: cost {summary['original_cost']:.4g} -> "
+            f"{summary['optimized_cost']:.4g} ms there"
+        )
     if summary["confirmed"] is None:
         return f"the start graph ({start}) was fastest of {finalists} timed interleaved in one run"
     if summary["confirmed"]:
@@ -335,7 +342,8 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         block = f", NCHWc block {target['nchwc_block']}" if target.get("nchwc_block") else ""
         print(
             f"deploy offline: OUT runs as written (ort_config: optimiser off), tuned for "
-            f"{summary['provider']}{block}; started from {summary['start_state']}"
+            f"{target.get('provider', summary['provider'])}{block}; started from "
+            f"{summary['start_state']}"
         )
     else:
         print("deploy online: onnxruntime optimises OUT again when it loads it (level all)")

@@ -80,6 +80,36 @@ class CostTable:
     """How it was named (`NAME` or `PATH` of table:...)."""
 
     @property
+    def provider(self) -> str:
+        """The execution provider its operators were timed on (cpu | cuda)."""
+        return str(self.meta.get("provider", "cpu"))
+
+    @property
+    def rules(self) -> list[str] | None:
+        """The rules its rollouts rewrote with: those that passed verification on its provider
+        (None: not recorded)."""
+        rules = self.meta.get("rules")
+        return None if rules is None else [str(name) for name in rules]
+
+    def made_elsewhere(self, provider: str) -> bool:
+        """Whether graphs ranked by this table are for another provider than `provider`, the one
+        measuring here (a GPU's table on a CPU machine). They are then made for the table's
+        provider: from the original (onnxruntime's optimised graphs of a model are its
+        provider's own, made where it runs; `check_start`), with the rules it verified and
+        none of the CPU's own layouts, and chosen by the table rather than by timings here."""
+        return self.provider != provider
+
+    def check_start(self, start: str, provider: str) -> None:
+        """RlflowError if a search or an env ranked by this table may not begin at `start`
+        (`original`, `ort:all`, ...) on a machine measuring on `provider`."""
+        if self.made_elsewhere(provider) and start not in ("original", "best"):
+            raise RlflowError(
+                f"start {start!r}: onnxruntime's graphs for {self.provider} (the cost table "
+                f"{self.name or 'given'}) cannot be made on this {provider} machine; ranked by "
+                "that table, graphs start from the original"
+            )
+
+    @property
     def ort_level(self) -> str:
         """The level operators were timed at unless their graph declared its own."""
         return str(self.meta.get("ort_level", "disable"))

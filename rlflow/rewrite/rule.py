@@ -124,6 +124,8 @@ class Rule:
     name: str = ""
     origin: str = "built-in"
     portable: bool = True
+    cpu_only: bool = False
+    """Emits operators only onnxruntime's CPU runs (the NCHWc layout): not for a GPU target."""
     description: str = ""
     """One line, `source -> target`, as in the module docstrings (shown by `rules list`)."""
     reverse_description: str = ""

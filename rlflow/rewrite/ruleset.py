@@ -85,13 +85,22 @@ class RuleSet:
     def names(self) -> list[str]:
         return [rule.name for rule in self.rules]
 
-    def select(self, portable: bool = False, names: Iterable[str] | None = None) -> RuleSet:
-        """The rules emitting only standard ONNX ops (if `portable`), restricted to `names`."""
+    def select(
+        self,
+        portable: bool = False,
+        names: Iterable[str] | None = None,
+        provider: str | None = None,
+    ) -> RuleSet:
+        """The rules emitting only standard ONNX ops (if `portable`), restricted to `names`,
+        and, for a `provider` other than the CPU, without the CPU-only ones (`Rule.cpu_only`)."""
         wanted = None if names is None else set(names)
+        off_cpu = provider is not None and provider != "cpu"
         return RuleSet(
             rule
             for rule in self.rules
-            if (not portable or rule.portable) and (wanted is None or rule.name in wanted)
+            if (not portable or rule.portable)
+            and (wanted is None or rule.name in wanted)
+            and not (off_cpu and rule.cpu_only)
         )
 
     def sites(self, graph: Graph, memo: RewriteMemo | None = None) -> list[tuple[Rule, Match]]:

@@ -7,7 +7,8 @@ models trade fidelity for speed: `analytic` is a roofline sum (microseconds per 
 `perop` times each distinct operator once in onnxruntime (cached on disk), `e2e` times every
 graph end to end (seconds per graph: only for small budgets). `table:NAME` or `table:PATH`
 sums per-op times measured once on another device (`rlflow.cost.table`: a GPU's, on any
-machine), and reports how much of the cost its fitted roofline had to estimate.
+machine), and reports how much of the cost its fitted roofline had to estimate; a table of
+another provider than the one here makes graphs for that provider (`SearchCost.target`).
 
 In offline mode (`settings.ort_level` "disable", what `rlflow.optimize` passes) graphs run as
 written, so each operator runs as it is timed alone and the per-op sum tracks latency; `perop`
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlflow.cost import AnalyticCostModel, OrtSettings, PerOpCostModel, Runner
-from rlflow.cost.table import TableCostModel
+from rlflow.cost.table import CostTable, TableCostModel, load_table
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
 
@@ -40,6 +41,10 @@ class SearchCost:
             measurement of a search uses the same ones.
         details: what results report about the cost model beyond its name (a table's
             device and miss share); None: nothing.
+        target: the provider the graphs are for when it is not the one measuring here (a
+            GPU's cost table on a CPU machine, `CostTable.made_elsewhere`): a search then
+            chooses its result by this cost, since timings here would rank them for the
+            wrong device; None: this machine's provider.
     """
 
     def __init__(
@@ -48,9 +53,11 @@ class SearchCost:
         cost_ms: Callable[[Graph], float],
         settings: OrtSettings,
         details: Callable[[], dict[str, Any]] | None = None,
+        target: str | None = None,
     ):
         self.name = name
         self.settings = settings
+        self.target = target
         self._cost_ms = cost_ms
         self._details = details
         self._by_hash: dict[str, float] = {}
@@ -86,13 +93,23 @@ class SearchCost:
         return f"SearchCost({self.name!r}, {self.evaluations} graphs costed)"
 
 
+def table_elsewhere(name: str | None, settings: OrtSettings) -> CostTable | None:
+    """The cost table the cost `name` names, when it was measured on another provider than
+    `settings`' (`CostTable.made_elsewhere`); None for any other cost."""
+    if not name or not name.startswith(TABLE_PREFIX):
+        return None
+    table = load_table(name[len(TABLE_PREFIX) :])
+    return table if table.made_elsewhere(settings.resolved().provider) else None
+
+
 def make_cost(name: str = "analytic", settings: OrtSettings | None = None) -> SearchCost:
     """The named cost model under `settings` (default: 1 thread, ORT level all; "disable" for
     offline mode); `table:NAME|PATH` ignores them: its times were taken where it was made."""
     settings = (settings or OrtSettings()).resolved()
     if name.startswith(TABLE_PREFIX):
         table = TableCostModel(name[len(TABLE_PREFIX) :])
-        return SearchCost(name, table.cost_ms, settings, details=table.usage)
+        target = table.table.provider if table.table.made_elsewhere(settings.provider) else None
+        return SearchCost(name, table.cost_ms, settings, details=table.usage, target=target)
     if name == "analytic":
         model = AnalyticCostModel(settings=settings)
         return SearchCost(name, model.cost_ms, settings)

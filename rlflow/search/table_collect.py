@@ -140,6 +140,7 @@ def collect_table(
     table.meta["complete"] = False
     table.meta["models_failed"] = {}
     rules = ruleset if ruleset is not None else default_ruleset()
+    table.meta["rules"] = rules.names  # what a search elsewhere may use (`CostTable.rules`)
     run = (settings, deploy, steps, seed, rules)
     try:
         if jobs > 1:

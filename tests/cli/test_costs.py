@@ -32,6 +32,7 @@ def test_collect_writes_a_table_that_costs_the_model_without_a_miss(table_path):
     assert meta["provider"] == "cpu" and meta["device"] and meta["onnxruntime"]
     assert meta["models"] == [f"{MODEL}:small"] and meta["complete"] and table.entries
     assert meta["command"].startswith("rlflow costs collect --provider cpu")
+    assert meta["rules"] and table.rules == meta["rules"]  # what a search elsewhere may use
     graph = load_model(cached_path(MODEL, "small"))
     report = TableCostModel(table).report(graph)
     assert report.misses == 0 and report.hits > 0
@@ -57,22 +58,43 @@ def test_search_ranks_by_a_table_end_to_end(capfd, tmp_path, table_path):
     assert out.is_file() and summary["equivalent"]
 
 
-def test_search_on_a_cpu_machine_ranks_by_the_shipped_gpu_table(capfd, tmp_path):
-    """`--cost table:h200`: graphs ranked by operator times measured on an H200, here on a CPU
-    (the result is then measured and checked on this machine's provider)."""
+def test_search_on_a_cpu_machine_makes_a_model_for_the_gpu_of_the_shipped_table(capfd, tmp_path):
+    """`--cost table:h200` here: a model for the H200, from the original (onnxruntime's graphs
+    here are the CPU's), ranked and chosen by the table's times, none of the CPU's NCHWc
+    layouts in it; checked equivalent and timed here too, and said so."""
     out = tmp_path / "s.onnx"
-    argv = ["search", MODEL, "--size", "full", "--method", "greedy", "--budget", "2"]
-    argv += ["--start", "original", "--cost", "table:h200", "-o", str(out)]
-    code = main([*argv, "--min-time", "0.05", "--no-peer", "--json"])
+    argv = ["search", MODEL, "--size", "full", "--method", "greedy", "--cost", "table:h200"]
+    code = main([*argv, "-o", str(out), "--min-time", "0.05", "--no-peer", "--json"])
     stdout, err = capfd.readouterr()
     assert code == 0, err
     summary = json.loads(stdout)
-    assert summary["cost_model"] == "table:h200"
+    assert summary["cost_model"] == "table:h200" and summary["start_state"] == "original"
+    assert summary["target"]["provider"] == "cuda" and summary["provider"] == "cpu"
     details = summary["cost_table"]
     assert details["device"] == "NVIDIA H200" and details["provider"] == "cuda"
-    assert details["graphs_costed"] > 0 and 0.0 <= details["miss_share"] < 0.5
+    assert details["graphs_costed"] > 0 and details["miss_share"] == 0.0  # it covers the model
+    assert summary["optimized_cost"] < summary["original_cost"] and summary["steps"] > 0
+    assert not any(rule.startswith("nchwc") for rule in summary["rules_applied"])
     assert "cost table h200 (cuda on NVIDIA H200" in err
     assert out.is_file() and summary["equivalent"]
+    code = main(
+        [
+            "search",
+            MODEL,
+            "--size",
+            "full",
+            "--method",
+            "greedy",
+            "--cost",
+            "table:h200",
+            "--start",
+            "ort:all",
+            "-o",
+            str(tmp_path / "t.onnx"),
+        ]
+    )
+    err = capfd.readouterr().err
+    assert code == 2 and "onnxruntime's graphs for cuda" in err and len(err.splitlines()) == 1
 
 
 def test_costs_list(capfd):
@@ -172,3 +194,30 @@ def test_train_ppo_records_the_provider_it_measured_on(capfd, tmp_path):
     assert code == 0, capfd.readouterr().err
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["provider"] == "cpu"
+
+
+def test_an_agent_trained_on_the_gpu_table_makes_a_model_for_the_gpu(capfd, tmp_path):
+    """A PPO run rewarded by `table:h200` here: its rollouts start from the original, with the
+    rules CUDA verified, and the model it hands back is chosen by the table, for cuda."""
+    from rlflow.agents import ppo
+
+    run_dir = tmp_path / "ppo"
+    config = ppo.PPOConfig(
+        models=[MODEL], size="full", total_steps=8, horizon=4, episodes_per_update=2,
+        minibatch_size=4, update_epochs=1, hidden=16, layers=1, heads=1, max_candidates=32,
+        cost="table:h200", deploy="offline", provider="cpu",
+    )  # fmt: skip
+    ppo.train(config, run_dir, progress=False)
+    out = tmp_path / "a.onnx"
+    argv = ["optimize", MODEL, "--size", "full", "--method", f"agent:{run_dir}", "-o", str(out)]
+    code = main([*argv, "--episodes", "1", "--min-time", "0.05", "--no-peer", "--json"])
+    stdout, err = capfd.readouterr()
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["start_state"] == "original" and summary["target"]["provider"] == "cuda"
+    assert (
+        summary["cost_model"] == "table:h200"
+        and summary["optimized_cost"] <= summary["original_cost"]
+    )
+    assert not any(rule.startswith("nchwc") for rule in summary["rules_applied"])
+    assert out.is_file() and summary["equivalent"]

@@ -50,3 +50,16 @@ def test_a_missing_table_is_one_line(mlp_model):
         GraphRewriteEnv([load_model(mlp_model)], cost="table:nonesuch")
     with pytest.raises(RlflowError, match="table:NAME"):
         GraphRewriteEnv([load_model(mlp_model)], cost="tables")
+
+
+def test_a_gpu_table_makes_episodes_for_the_gpu(mlp_model):
+    """The shipped H200 table on this CPU machine: episodes start from the original, with the
+    rules verified on CUDA and none of the CPU's NCHWc layouts."""
+    graph = load_model(mlp_model)
+    env = GraphRewriteEnv([graph], cost="table:h200", deploy="offline", provider="cpu")
+    table = env.table_model.table
+    assert table.made_elsewhere("cpu") and not table.made_elsewhere("cuda")
+    assert set(env.rule_names) <= set(table.rules)
+    assert not any(rule.cpu_only for rule in env.ruleset)
+    with pytest.raises(RlflowError, match="onnxruntime's graphs for cuda .* cannot be made"):
+        GraphRewriteEnv([graph], cost="table:h200", deploy="offline", start="ort:all")

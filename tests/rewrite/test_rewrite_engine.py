@@ -145,6 +145,16 @@ def test_portable_selection_drops_contrib_rules():
     assert RULES.select(names=["identity-elim"]).names == ["identity-elim"]
 
 
+def test_a_gpu_target_drops_the_cpus_own_layout_rules():
+    """NCHWc ops run on onnxruntime's CPU only: graphs for a GPU are made without them."""
+    for_gpu = RULES.select(provider="cuda")
+    assert not any(rule.cpu_only for rule in for_gpu)
+    assert "matmul-add-to-gemm" in for_gpu and "conv-relu-to-fusedconv" in for_gpu
+    if "nchwc-conv" in RULES:  # offered where onnxruntime does NCHWc
+        assert RULES["nchwc-conv"].cpu_only and "nchwc-conv" not in for_gpu
+    assert RULES.select(provider="cpu").names == RULES.names
+
+
 def test_bidirectional_rules_are_declared_once_and_named_with_reverse():
     names = RULES.names
     for base in ("matmul-add-to-gemm", "conv-siblings-merge", "matmul-siblings-merge"):

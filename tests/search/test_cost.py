@@ -43,3 +43,21 @@ def test_e2e_cost_and_the_real_runner(small_graph, ruleset):
     assert result.original_ms > 0 and result.optimized_ms > 0 and result.speedup > 0
     assert result.finalists[0].graph_hash == original.canonical_hash()
     assert result.threads == 1 and result.ort_level == "all"
+
+
+def test_a_cost_for_another_device_chooses_the_result_not_the_timings_here(small_graph, ruleset):
+    """A GPU's cost table on a CPU machine (`SearchCost.target`): the cheapest graph by the
+    table is the result, even where this machine times it slower than the start graph."""
+    from rlflow.cost import AnalyticCostModel
+
+    analytic = AnalyticCostModel()
+    original = small_graph("squeezenet-1.1")
+    for target, penalty in ((None, 100.0), ("cuda", 100.0)):
+        cost = SearchCost("stand-in table", analytic.cost_ms, OrtSettings(), target=target)
+        runner = CostRunner(penalties=[penalty])  # every rewritten graph times 100 ms slower
+        result = search("greedy", RewriteSession(original, ruleset), cost, runner=runner)
+        if target is None:
+            assert result.graph is original and result.cost == result.original_cost
+        else:
+            assert result.cost < result.original_cost and result.actions
+            assert len(runner.compared) == 1  # timed once for the report, never confirmed

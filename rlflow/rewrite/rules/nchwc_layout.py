@@ -196,6 +196,7 @@ class NchwcRule:
     is onnxruntime's CPU kernels' own), and its example sized for this machine's block."""
 
     portable = False
+    cpu_only = True
 
     def check(self, graph: Graph, match: Match) -> str | None:
         block = nchwc_block_size()
