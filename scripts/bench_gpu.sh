@@ -11,7 +11,8 @@
 #          JOBS worker processes rewrite in parallel and time one at a time)
 #   error  the table's sum against end-to-end latency in offline mode, per zoo model
 #          (scripts/bench_perop_offline.py --table)
-#   bench  `rlflow bench`: greedy and taso offline ranked by the table (or COST, e.g. perop: each
+#   bench  `rlflow bench`: greedy and taso (or METHODS, e.g. `greedy agent:RUN_DIR`) offline
+#          ranked by the table (or COST, e.g. perop: each
 #          operator timed on the GPU as the search meets it, sharing rlflow's per-op cache with
 #          the table's collection), taso online; the models in BENCH_GROUPS (3) processes at
 #          once, timing one at a time under one lock
@@ -32,6 +33,7 @@ provider=${PROVIDER:-cuda}
 read -r -a models <<< "${MODELS:-bert vit-base mini-dalle transformer-transducer inception-v3 resnext-50 squeezenet-1.1 resnet-18 resnet-50}"
 table=${TABLE:-$runs/h100.json}
 cost=${COST:-table:$table}
+read -r -a methods <<< "${METHODS:-greedy taso}"
 export RLFLOW_TIMING_LOCK=${RLFLOW_TIMING_LOCK:-$runs/timing.lock}
 say() { echo "[bench_gpu $(date +%H:%M:%S)] $*" >&2; }
 min_time=()
@@ -73,7 +75,7 @@ bench() {
         [ ${#members[@]} -gt 0 ] || continue
         (
             rlflow bench --models "${members[@]}" --size "$size" --provider "$provider" \
-                --methods greedy taso --deploys offline --cost "$cost" "${min_time[@]}" \
+                --methods "${methods[@]}" --deploys offline --cost "$cost" "${min_time[@]}" \
                 --out "$runs/bench-offline-$index" > "$runs/bench-offline-$index.log" 2>&1
             rlflow bench --models "${members[@]}" --size "$size" --provider "$provider" \
                 --methods taso --deploys online --no-peer "${min_time[@]}" \

@@ -13,9 +13,11 @@
 # PROVIDER (cuda; cpu tries the stages out here, without installing), NOISE=0 (no noise floor),
 # MODELS, SIZE (full), STEPS (table rollout steps, 10), JOBS (table workers, one per model),
 # MIN_TIME (timed seconds per graph in the bench, 0.3) and COST (what ranks the bench's searches,
-# default the table) as in scripts/bench_gpu.sh; TABLE_SHARE (35) is the percentage of the time
-# left that the table may take, BENCH_MODELS (MODELS) the models the bench runs. The gpu-marked
-# tests run beside the table (every GPU timing of either holds the timing lock). The table is written as $RUNS/<gpu>.json; TABLE_FROM
+# default the table) and METHODS (greedy taso; `agent:RUN_DIR` for a carried run) as in
+# scripts/bench_gpu.sh; TABLE_SHARE (35) is the percentage of the time left that the table may
+# take, BENCH_MODELS (MODELS) the models the bench runs, PROBE=1 adds
+# scripts/probe_fusedconv.py before the bench. The gpu-marked tests run beside the table (every
+# GPU timing of either holds the timing lock). The table is written as $RUNS/<gpu>.json; TABLE_FROM
 # names one brought back by an earlier lease (carried) for `costs collect` to resume. rlflow's
 # caches live in $RUNS/cache and come back too: every operator timed, finished model or not
 # (cache/perop.sqlite; its keys name the GPU); CACHE_FROM names such a file to start from.
@@ -84,6 +86,13 @@ stage "${TABLE_SHARE:-35}" python3 -m rlflow.cli costs collect --provider "$prov
 say "table done: $(tail -c 400 "$runs/table-summary.json")"
 wait "$tests"
 say "gpu-marked tests: $(tail -1 "$runs/pytest-gpu.txt")"
+
+if [ "${PROBE:-0}" = 1 ]; then
+    say "FusedConv against Conv+Relu, alone and in chains"
+    stage 10 python3 scripts/probe_fusedconv.py --provider "$provider" --out "$runs/fusedconv.json" \
+        > "$runs/fusedconv.txt" 2>&1
+    cat "$runs/fusedconv.txt"
+fi
 
 say "side by side: noise floor, table vs end to end, bench (5 groups)"
 [ "${NOISE:-1}" = 0 ] || (for model in "${models[@]}"; do

@@ -161,11 +161,15 @@ def default_ruleset(portable: bool = False, refresh: bool = False) -> RuleSet:
     """Every rule that passed verification (built-in and generated); contrib-free if `portable`.
 
     Verdicts come from the cache (see rlflow.rewrite.verify); rules not verified yet are
-    verified now, once. Rules that fail are left out (list them with `verify_rules()`).
+    verified now, once. Rules that fail are left out (list them with `verify_rules()`), and so
+    are the CPU-only ones (`Rule.cpu_only`) where the models will run on a GPU
+    (`default_provider`): onnxruntime would run their operators on the CPU, between copies.
     """
+    from rlflow.cost.session import default_provider
     from rlflow.rewrite.rules import all_rules
     from rlflow.rewrite.verify import verify_rules
 
     rules = all_rules()
     passed = {result.rule for result in verify_rules(rules, refresh=refresh) if result.passed}
-    return RuleSet(rule for rule in rules if rule.name in passed).select(portable=portable)
+    verified = RuleSet(rule for rule in rules if rule.name in passed)
+    return verified.select(portable=portable, provider=default_provider())

@@ -142,3 +142,11 @@ def test_cuda_cache_keys_name_the_gpu():
     from rlflow.cost.device import gpu_facts
 
     assert f"gpu={gpu_facts()['device']}" in CUDA.key()
+
+
+def test_the_rules_on_a_gpu_leave_the_cpus_layouts_out():
+    """NCHWc rewrites would send their operators to the CPU, between copies: not offered."""
+    from rlflow.rewrite import default_ruleset
+
+    rules = default_ruleset()
+    assert len(rules) > 0 and not any(rule.cpu_only for rule in rules)
