@@ -19,7 +19,9 @@ from rlflow.commands import collect
 from rlflow.commands.backend import add_backend_arguments, check_backend
 from rlflow.commands.common import (
     add_env_arguments,
+    check_cost_table,
     check_output_dir,
+    cost_type,
     env_provider,
     print_json,
     stderr,
@@ -60,8 +62,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--size", choices=("small", "medium", "full"), help="zoo model size")
     parser.add_argument(
         "--cost",
-        choices=("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e"),
-        help="env reward cost (default perop offline, analytic online)",
+        type=cost_type(("analytic", "perop", "e2e", "e2e-sparse", "perop-e2e")),
+        metavar="COST",
+        help="env reward cost: analytic, perop, e2e, e2e-sparse, perop-e2e or table:NAME|PATH "
+        "(a cost table's per-op times, e.g. a GPU's; default perop offline, analytic online)",
     )
     add_env_arguments(parser)
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
@@ -109,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     check_output_dir("--out", args.out)  # before torch loads
+    check_cost_table(args.cost, args.start, args.provider)
     check_backend(args)
     if args.iterations < 1:
         raise RlflowError(f"--iterations must be at least 1, got {args.iterations}")

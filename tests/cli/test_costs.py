@@ -144,6 +144,7 @@ def test_provider_cpu_is_recorded(capfd, mlp_model, tmp_path):
 LEARNERS = [
     ["collect", "--model", MODEL, "--episodes", "1"],
     ["train-ppo", "--model", MODEL, "--total-steps", "1"],
+    ["train-wm-loop", "--model", MODEL, "--iterations", "1"],
 ]
 """The learners' commands at their least work; the tests below add an option that must stop
 each before any."""
