@@ -255,13 +255,14 @@ class GraphRewriteEnv(gym.Env):
             TableCostModel(cost[len(TABLE_COST) :]) if cost.startswith(TABLE_COST) else None
         )
         """The cost table of a `table:` cost (None otherwise)."""
+        table = self.table_model.table if self.table_model is not None else None
+        here = settings.resolved().provider
+        if table is not None:
+            table.check_start(start, here)  # a table made elsewhere starts from the original
         if ruleset is None:
             ruleset = _default_rules(portable)
-            table = self.table_model.table if self.table_model is not None else None
-            here = settings.resolved().provider
             if table is not None and table.made_elsewhere(here):
                 # Graphs for the table's provider: the rules it verified, not the CPU's own.
-                table.check_start(start, here)
                 ruleset = ruleset.select(names=table.rules, provider=table.provider)
         self.ruleset = ruleset
         self.rule_names: list[str] = self.ruleset.names

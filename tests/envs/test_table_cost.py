@@ -63,3 +63,7 @@ def test_a_gpu_table_makes_episodes_for_the_gpu(mlp_model):
     assert not any(rule.cpu_only for rule in env.ruleset)
     with pytest.raises(RlflowError, match="onnxruntime's graphs for cuda .* cannot be made"):
         GraphRewriteEnv([graph], cost="table:h200", deploy="offline", start="ort:all")
+    with pytest.raises(RlflowError, match="onnxruntime's graphs for cuda .* cannot be made"):
+        GraphRewriteEnv(  # rules of the caller's own choosing: the start is checked all the same
+            [graph], cost="table:h200", deploy="offline", start="ort:all", ruleset=env.ruleset
+        )
