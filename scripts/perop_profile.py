@@ -29,11 +29,10 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-import onnxruntime as ort
-
 from rlflow.cost import Deployment, OrtSettings, PerOpCostModel
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.ort_optimizer import start_state
+from rlflow.cost.runner import kth_smallest
 from rlflow.cost.session import make_session, timed_run
 from rlflow.cost.source import ModelSource
 from rlflow.errors import RlflowError
@@ -44,17 +43,13 @@ WARMUP = 5
 """Runs left out of every statistic (the first runs allocate and prepack)."""
 
 
-def in_graph_kernel_ms(source: ModelSource, feeds: dict, runs: int) -> dict[str, float]:
-    """Each node's median kernel time in ms inside the graph, from onnxruntime's profiler."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.enable_profiling = True
-    options.profile_file_prefix = os.path.join(tempfile.gettempdir(), "rlflow_perop_profile")
-    session = ort.InferenceSession(
-        source.model_bytes(), options, providers=["CPUExecutionProvider"]
-    )
+def in_graph_kernel_ms(
+    source: ModelSource, feeds: dict, settings: OrtSettings, runs: int
+) -> dict[str, float]:
+    """Each node's median kernel time in ms inside the graph under `settings`, from
+    onnxruntime's profiler."""
+    prefix = os.path.join(tempfile.gettempdir(), "rlflow_perop_profile")
+    session = make_session(source.model_bytes(), settings, profile_prefix=prefix)
     run = timed_run(session, feeds)
     for _ in range(WARMUP + runs):
         run()
@@ -78,8 +73,8 @@ def profile(graph: Graph, label: str, perop: PerOpCostModel, runs: int, show: in
     run = timed_run(make_session(source.model_bytes(), settings), feeds)
     for _ in range(WARMUP):
         run()
-    e2e = sorted(run() for _ in range(runs))[2]  # the 3rd smallest, as the per-op bench uses
-    inside = in_graph_kernel_ms(source, feeds, runs)
+    e2e = kth_smallest([run() for _ in range(runs)])  # the per-op bench's statistic
+    inside = in_graph_kernel_ms(source, feeds, settings, runs)
     estimate = perop.report(graph).total_ms
     by_type: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     rows = []

@@ -133,10 +133,17 @@ def default_provider() -> str:
     return "cuda" if PROVIDERS["cuda"] in ort.get_available_providers() else "cpu"
 
 
-def make_session(model_bytes: bytes, settings: OrtSettings) -> ort.InferenceSession:
-    """An InferenceSession for a serialized model under `settings` (ORT errors propagate)."""
+def make_session(
+    model_bytes: bytes, settings: OrtSettings, *, profile_prefix: str | None = None
+) -> ort.InferenceSession:
+    """An InferenceSession for a serialized model under `settings` (ORT errors propagate);
+    with `profile_prefix`, onnxruntime's profiler records every run (`end_profiling()` writes
+    the JSON file starting with that prefix)."""
     settings = settings.resolved()
     options = ort.SessionOptions()
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     options.intra_op_num_threads = settings.threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -364,3 +365,23 @@ def test_adaptive_stop_waits_until_the_ratio_is_known_closely_enough():
     feed(capped, noisy_pairs(0.2))
     assert capped.reason == "max_time" and capped.ratio_width(1) > capped.ratio_tolerance
     assert "ratio_tol=0.02" in AdaptiveStop().key()
+
+
+def test_a_profiled_session_records_every_node_of_its_runs(mlp_model, tmp_path):
+    from rlflow.cost.session import make_session, timed_run
+
+    source = ModelSource(mlp_model)
+    feeds = {"x": np.ones((2, 8), dtype=np.float32)}
+    prefix = str(tmp_path / "profile")
+    as_written = OrtSettings(threads=1, ort_level="disable")  # no fusion: four kernels a run
+    session = make_session(source.model_bytes(), as_written, profile_prefix=prefix)
+    run = timed_run(session, feeds)
+    for _ in range(3):
+        run()
+    path = session.end_profiling()
+    assert path.startswith(prefix)
+    events = json.loads(Path(path).read_text())
+    kernels = [e["name"] for e in events if e.get("cat") == "Node" and "_kernel_time" in e["name"]]
+    # Four nodes, three runs: every node's kernel appears once per run.
+    assert len(kernels) == 3 * len(mlp_model.graph.node)
+    assert not make_session(source.model_bytes(), as_written).end_profiling()  # off by default
