@@ -37,12 +37,19 @@ to fit in minutes).
     python scripts/bench_search_curves.py --models inception-v3 resnet-50 bert --size small \\
         --methods random taso guided:runs/adv brkga regal:runs/regal --seeds 0 1 2 \\
         --evaluations 400 --out runs/search-curves
+
+`--merge A.json B.json ... --out OUT` searches nothing: it puts the runs of earlier outputs
+made with the same size, cost, start, budget and seeds into one table and one plot (so methods
+run at different times are counted against the same taso result). Their per-op costs come
+from the same on-disk cache, so the cost curves compare; the end-to-end figures stay those of
+each output's own timing run, which the table's head names.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shlex
 import statistics
 import sys
@@ -305,7 +312,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         )
     for row in rows:
         early = f"; {row['stopped_early']} ended early" if row["stopped_early"] else ""
-        e2e = f" {spread_of(row['e2e_final'])} |" if timed and row.get("e2e_final") else ""
+        e2e = (
+            (f" {spread_of(row['e2e_final'])} |" if row.get("e2e_final") else " - |")
+            if timed
+            else ""
+        )
         lines.append(
             f"| {row['model']} | {row['method']} | {spread_of(row['final'])} "
             f"| {format_reach(row['to_reach_taso'])}{early} |{e2e}"
@@ -345,14 +356,9 @@ def plot(runs: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     for ax, model in zip(axes[1] if timed else [], models):
         of_model = [run for run in runs if run["model"] == model and run.get("e2e")]
         for method in dict.fromkeys(run["method"] for run in of_model):
-            counts = sorted(int(count) for count in of_model[0]["e2e"])
-            values = np.array(
-                [
-                    [run["e2e"][str(count)] for count in counts]
-                    for run in of_model
-                    if run["method"] == method
-                ]
-            )
+            of_method = [run for run in of_model if run["method"] == method]
+            counts = sorted(int(count) for count in of_method[0]["e2e"])
+            values = np.array([[run["e2e"][str(count)] for count in counts] for run in of_method])
             (line,) = ax.plot(counts, values.mean(axis=0), marker="o", label=method, linewidth=1.4)
             ax.fill_between(
                 counts, values.min(axis=0), values.max(axis=0), alpha=0.18, color=line.get_color()
@@ -390,9 +396,64 @@ def jsonable(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{key: value for key, value in run.items() if key != "kept"} for run in runs]
 
 
+MERGED_KEYS = ("size", "cost", "start", "evaluations", "seeds")
+"""What outputs must share to be merged: their curves then count the same thing."""
+
+
+def merge_outputs(
+    paths: list[Path], argv: list[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The runs of several earlier outputs and one meta for them (see the module doc)."""
+    outputs = []
+    for path in paths:
+        try:
+            outputs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise RlflowError(f"cannot read {path}: {error}") from error
+    first = outputs[0]["meta"]
+    for path, output in zip(paths, outputs, strict=True):
+        differ = [key for key in MERGED_KEYS if output["meta"].get(key) != first.get(key)]
+        if differ:
+            raise RlflowError(f"{path} differs from {paths[0]} in {', '.join(differ)}")
+    runs = [run for output in outputs for run in output["runs"]]
+    seen = set()
+    for run in runs:
+        key = (run["model"], run["method"], run["seed"])
+        if key in seen:
+            raise RlflowError(
+                f"{run['model']} {run['method']} seed {run['seed']} is in two outputs"
+            )
+        seen.add(key)
+    e2e_at = sorted({int(count) for run in runs for count in run.get("e2e", {})})
+    meta = {
+        **{key: first[key] for key in MERGED_KEYS},
+        "command": " and ".join(output["meta"]["command"] for output in outputs)
+        + " merged by "
+        + shlex.join(["python", "scripts/bench_search_curves.py", *argv]),
+        "date": ", ".join(dict.fromkeys(output["meta"]["date"] for output in outputs)),
+        "e2e_at": e2e_at,
+    }
+    return runs, meta
+
+
+def write_outputs(runs: list[dict[str, Any]], meta: dict[str, Any], out: Path) -> None:
+    """OUT.json (every curve and the summary), OUT.md (the table, also printed), OUT.png."""
+    paths = {suffix: out.with_name(f"{out.name}.{suffix}") for suffix in ("json", "md", "png")}
+    rows = summarise(runs)
+    write_json_atomic(paths["json"], {"meta": meta, "runs": jsonable(runs), "summary": rows})
+    table = markdown(rows, meta)
+    write_text_atomic(paths["md"], table)
+    plot(runs, meta, paths["png"])
+    print(table)
+    progress(f"wrote {paths['md']}, {paths['json'].name} and {paths['png'].name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", required=True, help="zoo models")
+    parser.add_argument("--models", nargs="+", help="zoo models")
+    parser.add_argument(
+        "--merge", nargs="+", type=Path, metavar="JSON", help="merge earlier outputs (no search)"
+    )
     parser.add_argument("--size", default="small", help="zoo size: small, medium or full")
     parser.add_argument(
         "--methods",
@@ -426,7 +487,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--e2e-min-time", type=float, default=1.0, help="timed seconds per graph end to end"
     )
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(given)
+    if args.merge:
+        try:
+            runs, meta = merge_outputs(args.merge, given)
+        except RlflowError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        write_outputs(runs, meta, Path(args.out))
+        return 0
+    if not args.models:
+        print("error: give --models (or --merge earlier outputs)", file=sys.stderr)
+        return 2
     if args.evaluations < 1:
         print("error: --evaluations must be at least 1", file=sys.stderr)
         return 2
@@ -468,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in (args.seeds[:1] if method == "taso" else args.seeds)
     ]
     meta = {
-        "command": shlex.join(["python", "scripts/bench_search_curves.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "scripts/bench_search_curves.py", *given]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "size": args.size,
         "seeds": args.seeds,
@@ -511,13 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     except RlflowError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    rows = summarise(runs)
-    write_json_atomic(paths["json"], {"meta": meta, "runs": jsonable(runs), "summary": rows})
-    table = markdown(rows, meta)
-    write_text_atomic(paths["md"], table)
-    plot(runs, meta, paths["png"])
-    print(table)
-    progress(f"wrote {paths['md']}, {paths['json'].name} and {paths['png'].name}")
+    write_outputs(runs, meta, out)
     return 0
 
 

@@ -130,3 +130,31 @@ def test_e2e_counts_beyond_the_budget_are_refused(bench, capsys):
     argv = ["--models", "squeezenet-1.1", "--evaluations", "10", "--e2e-at", "20"]
     assert bench.main(argv) == 2
     assert "--e2e-at" in capsys.readouterr().err
+
+
+def test_merged_outputs_count_every_method_against_one_taso(bench, tmp_path):
+    common = ["--models", "squeezenet-1.1", "--seeds", "0", "--evaluations", "8"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert bench.main([*common, "--methods", "taso", "--out", str(first)]) == 0
+    assert bench.main([*common, "--methods", "random", "--out", str(second)]) == 0
+    merged = tmp_path / "merged"
+    paths = [str(first.with_name("first.json")), str(second.with_name("second.json"))]
+    assert bench.main(["--merge", *paths, "--out", str(merged)]) == 0
+
+    data = json.loads(merged.with_name("merged.json").read_text())
+    rows = {row["method"]: row for row in data["summary"]}
+    taso_final = data["runs"][0]["speedup"][-1]
+    assert rows["random"]["taso_final"] == taso_final  # counted against the other output's taso
+    assert len(rows["random"]["to_reach_taso"]) == 1
+    assert " and " in data["meta"]["command"] and "--merge" in data["meta"]["command"]
+    assert merged.with_name("merged.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_outputs_of_different_budgets_are_not_merged(bench, tmp_path, capsys):
+    for name, budget in (("a", "6"), ("b", "8")):
+        argv = ["--models", "squeezenet-1.1", "--methods", "taso", "--evaluations", budget]
+        assert bench.main([*argv, "--seeds", "0", "--out", str(tmp_path / name)]) == 0
+    paths = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert bench.main(["--merge", *paths, "--out", str(tmp_path / "m")]) == 2
+    assert "differs from" in capsys.readouterr().err
+    assert bench.main(["--merge", str(tmp_path / "none.json")]) == 2
