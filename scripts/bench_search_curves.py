@@ -410,6 +410,8 @@ def merge_outputs(
             outputs.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
             raise RlflowError(f"cannot read {path}: {error}") from error
+        if not isinstance(outputs[-1], dict) or not {"meta", "runs"} <= outputs[-1].keys():
+            raise RlflowError(f"{path} is not an output of this script")
     first = outputs[0]["meta"]
     for path, output in zip(paths, outputs, strict=True):
         differ = [key for key in MERGED_KEYS if output["meta"].get(key) != first.get(key)]

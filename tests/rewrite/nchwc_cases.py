@@ -39,6 +39,10 @@ EXPECTED_OPS = {
     "nchwc-conv-sum-fusion-reverse": [RI, RI, "Conv", "Add", RO],
     "nchwc-conv-activation-fusion": [RI, "Conv", RO],
     "nchwc-conv-activation-fusion-reverse": [RI, "Conv", "Relu", RO],
+    "nchwc-conv-winograd": [RI, RO, "Pad", "SpaceToDepth", "Slice", "Slice", "Slice", "Slice"]
+    + ["Concat"]
+    + ["Reshape", "MatMul"] * 3
+    + ["Reshape", "DepthToSpace", "Add", RI, RO],
 }
 
 NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
@@ -81,6 +85,13 @@ def _():
 def _():
     b = ModelBuilder()
     conv = _blocked_conv(b, b.op("Relu", [blocked_input(b, (1, B, 4, 4))]))
+    return b.model(_op(b, RO, [conv], channels=B))
+
+
+@negative("nchwc-conv-winograd", "not a constant float 3x3 filter")
+def _():
+    b = ModelBuilder()
+    conv = _blocked_conv(b, blocked_input(b, (1, B, 4, 4)))
     return b.model(_op(b, RO, [conv], channels=B))
 
 

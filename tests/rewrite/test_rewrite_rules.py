@@ -71,6 +71,9 @@ EXPECTED_OPS = {
     "reshape-unsqueeze-fold": ["Reshape"],
     "reshape-squeeze-fold": ["Reshape"],
     "attention-fusion": ["Neg", "Attention", "Relu"],
+    "conv-winograd": ["Pad", "SpaceToDepth", "Slice", "Slice", "Slice", "Slice", "Concat"]
+    + ["Reshape", "MatMul"] * 3
+    + ["Reshape", "DepthToSpace", "Add"],
     "attention-fusion-reverse": ["Neg"]
     + ["MatMul", "Add", "Reshape", "Transpose"] * 3
     + ["MatMul", "Mul", "Softmax", "MatMul", "Transpose", "Reshape", "Relu"],
@@ -291,6 +294,12 @@ def _():
 def _():
     b = ModelBuilder()
     return b.model(b.op("Conv", [b.input((1, 6, 5, 5)), b.const((6, 2, 1, 1))], group=3))
+
+
+@negative("conv-winograd", "strided convolution")
+def _():
+    b = ModelBuilder()
+    return b.model(b.op("Conv", [b.input((1, 4, 8, 8)), b.const((4, 4, 3, 3))], strides=[2, 2]))
 
 
 @negative("concat-convs-to-group-conv", None)

@@ -156,8 +156,9 @@ def test_another_node_order_of_the_same_graph(resnet, ruleset):
     assert moved.graph is resnet  # now on the version the sites index
 
     # Its own cache: sites index `other`'s order. The portable rules' last candidates (kernel
-    # enlargements) go through the swapped nodes; the NCHWc rules' would not.
-    portable = ruleset.select(portable=True)
+    # enlargements, Winograd left out) go through the swapped nodes; the NCHWc rules' would not.
+    standard = ruleset.select(portable=True)
+    portable = standard.select(names=[r.name for r in standard if r.name != "conv-winograd"])
     recorded = RewriteSession(other, portable)
     _walk(recorded, 3)
     replayed = RewriteSession.replay(resnet, recorded.state(), portable)

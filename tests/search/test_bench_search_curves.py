@@ -158,3 +158,6 @@ def test_outputs_of_different_budgets_are_not_merged(bench, tmp_path, capsys):
     assert bench.main(["--merge", *paths, "--out", str(tmp_path / "m")]) == 2
     assert "differs from" in capsys.readouterr().err
     assert bench.main(["--merge", str(tmp_path / "none.json")]) == 2
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert bench.main(["--merge", str(tmp_path / "other.json")]) == 2
+    assert "not an output of this script" in capsys.readouterr().err

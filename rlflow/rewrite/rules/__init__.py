@@ -20,6 +20,7 @@ def builtin_rules() -> list[Rule]:
         reshape,
         simplify,
         transformer,
+        winograd,
     )
 
     return [
@@ -31,6 +32,7 @@ def builtin_rules() -> list[Rule]:
         *reshape.RULES,
         *nchwc.RULES,
         *attention.RULES,
+        *winograd.RULES,
     ]
 
 
