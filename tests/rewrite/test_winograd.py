@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlflow.cost import OrtSettings, check_equivalence
+from rlflow.cost import OrtSettings, check_equivalence, nchwc_block_size
 from rlflow.cost.ort_optimizer import start_state
 from rlflow.graph import load_model
 from rlflow.rewrite.rules.winograd import (
@@ -21,6 +21,9 @@ from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
 
 WINOGRAD, BLOCKED = ConvToWinograd(), BlockedConvToWinograd()
+needs_nchwc = pytest.mark.skipif(
+    nchwc_block_size() is None, reason="onnxruntime does no NCHWc here"
+)
 
 
 def apply_everywhere(rule, graph):
@@ -45,7 +48,9 @@ def test_one_tile_gives_the_2x2_correlation_of_its_4x4_inputs():
     np.testing.assert_allclose(outputs, direct, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rule", [WINOGRAD, BLOCKED], ids=lambda rule: rule.name)
+@pytest.mark.parametrize(
+    "rule", [WINOGRAD, pytest.param(BLOCKED, marks=needs_nchwc)], ids=lambda rule: rule.name
+)
 def test_the_rules_pass_verification(rule):
     result = verify_rule(rule)
     assert result.passed, result.reason
@@ -71,6 +76,7 @@ def test_every_3x3_stride_1_conv_of_a_zoo_cnn_is_a_site(model, sites):
         assert check_equivalence(graph, rewritten).equivalent
 
 
+@needs_nchwc
 def test_in_onnxruntime_blocked_graph_every_blocked_3x3_conv_is_a_site():
     original = load_model(cached_path("resnet-18", "medium"))
     graph = start_state(original, "ort:all", OrtSettings()).graph
@@ -82,6 +88,7 @@ def test_in_onnxruntime_blocked_graph_every_blocked_3x3_conv_is_a_site():
     assert check_equivalence(original, rewritten).equivalent
 
 
+@needs_nchwc
 def test_a_blocked_conv_reading_nchw_directly_is_refused_with_its_reason():
     original = load_model(cached_path("resnet-18", "small"))
     graph = start_state(original, "ort:all", OrtSettings()).graph
