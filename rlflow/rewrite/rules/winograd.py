@@ -115,7 +115,7 @@ def conv_reason(graph: Graph, conv: Node, x: str, weight: np.ndarray | None) -> 
         return "strided convolution"
     if any(step != 1 for step in conv.attr("dilations", [1, 1])):
         return "dilated convolution"
-    if _text(conv.attr("auto_pad", "NOTSET")) != "NOTSET":
+    if conv.attr("auto_pad", "NOTSET") != "NOTSET":
         return "auto_pad"
     if min(out_size(dims, conv.attr("pads", [0, 0, 0, 0]))) < 1:
         return "no output"
@@ -293,12 +293,8 @@ class BlockedConvToWinograd(NchwcPatternRule):
         return b.model(b.op("ReorderOutput", [conv], domain=NCHWC, channels=cout))
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _activation_reason(conv: Node) -> str | None:
-    activation = _text(conv.attr("activation", ""))
+    activation = conv.attr("activation", "")
     if activation not in ACTIVATIONS:
         return f"the Conv applies {activation!r}"
     if len(conv.attr("activation_params", [])) not in (0, len(ACTIVATIONS[activation])):
@@ -308,7 +304,7 @@ def _activation_reason(conv: Node) -> str | None:
 
 def _emit_activation(emit: Emitter, conv: Node, y: str, like: str = "") -> str:
     """The Conv's fused activation as its own operator (`activation_params` as attributes)."""
-    activation = _text(conv.attr("activation"))
+    activation = conv.attr("activation")
     names = [name for name, _ in ACTIVATIONS[activation]]
     params = dict(zip(names, conv.attr("activation_params", []), strict=False))
     return emit.op(activation, [y], like=[like] if like else (), **params)
