@@ -99,14 +99,18 @@ def out_size(x: tuple[int, ...], pads: list[int]) -> tuple[int, int]:
     return x[2] + top + bottom - 2, x[3] + left + right - 2
 
 
-def conv_reason(graph: Graph, conv: Node, x: str, weight: np.ndarray | None) -> str | None:
-    """Why a Conv is no Winograd site (None: it is one); `weight` its OIHW filter (or
-    blocked: only its shape counts)."""
+def conv_reason(graph: Graph, match: Match) -> str | None:
+    """Why the matched Conv `y` of `x` by `w` (+ `b`) is no Winograd site (None: it is one);
+    `w` is OIHW or blocked: only its shape counts."""
+    conv = match.node("y")
     if opset(graph) < 11:
         return "Pad and Slice take their parameters as inputs from opset 11"
+    weight = graph.constant(match["w"])
     if weight is None or weight.dtype != np.float32 or weight.shape[2:] != (3, 3):
         return "not a constant float 3x3 filter"
-    dims = shape(graph, x)
+    if match["b"] and graph.constant(match["b"]) is None:
+        return "the bias is not a constant"
+    dims = shape(graph, match["x"])
     if len(dims) != 4 or dims[0] != 1 or any(not isinstance(d, int) or d < 1 for d in dims):
         return "Winograd tiles one 2-D image of known shape (batch 1)"
     if conv.attr("group", 1) != 1:
@@ -180,14 +184,12 @@ class ConvToWinograd(PatternRule):
 
     def check(self, graph: Graph, match: Match) -> str | None:
         conv = match.node("y")
-        if match["b"] and graph.constant(match["b"]) is None:
-            return "the bias is not a constant"
         if conv.domain == MS_DOMAIN:
             if len(conv.inputs) > 3:
                 return "the FusedConv adds a sum input"
             if (reason := _activation_reason(conv)) is not None:
                 return reason
-        return conv_reason(graph, conv, match["x"], graph.constant(match["w"]))
+        return conv_reason(graph, match)
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         conv = match.node("y")
@@ -238,11 +240,9 @@ class BlockedConvToWinograd(NchwcPatternRule):
         conv = match.node("y")
         if not is_blocked(graph, match["x"]):
             return "the Conv reads NCHW (fewer input channels than a block)"
-        if match["b"] and graph.constant(match["b"]) is None:
-            return "the bias is not a constant"
         if conv.attr("activation") is not None and (reason := _activation_reason(conv)):
             return reason
-        return conv_reason(graph, conv, match["x"], graph.constant(match["w"]))
+        return conv_reason(graph, match)
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         block = nchwc_block_size()
