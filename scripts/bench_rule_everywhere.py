@@ -3,7 +3,8 @@
 against the per-op cost model's estimate.
 
 For each model, the start state (`original`, `ort:all`, `ort:all-PASS`, ...) is rewritten by
-`--rule` at its first site until it has none; the result and the start are then timed
+`--rule` at its first site until it has none, or `--max-sites` times (slice-hoist's result has
+a site again one op further up, and would otherwise go on); the result and the start are timed
 interleaved in one offline run (`Runner.compare`, both run as written), and priced by the
 offline per-op model (the cost that ranks a search's graphs). A rule the per-op model prices
 as a loss but that wins end to end is one no search ranked by it will keep. Prints the command
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument("--size", default="medium", choices=("small", "medium", "full"))
     parser.add_argument("--start", default="ort:all", help="start state (default ort:all)")
     parser.add_argument("--rule", required=True, help="a built-in rule's name")
+    parser.add_argument(
+        "--max-sites", type=int, default=None, help="apply the rule at most this many times"
+    )
     args = parser.parse_args()
     rules = {rule.name: rule for rule in builtin_rules()}
     if args.rule not in rules:
@@ -52,7 +56,10 @@ def main() -> None:
     for name in args.models:
         start = start_state(load_model(cached_path(name, args.size)), args.start, OrtSettings())
         graph, sites = start.graph, 0
-        while (match := next(iter(rule.sites(graph)), None)) is not None:
+        while args.max_sites is None or sites < args.max_sites:
+            match = next(iter(rule.sites(graph)), None)
+            if match is None:
+                break
             graph, sites = rule.apply(graph, match), sites + 1
         before, after = perop.cost_ms(start.graph), perop.cost_ms(graph)
         speedup = runner.compare([start.graph, graph]).speedups[1]

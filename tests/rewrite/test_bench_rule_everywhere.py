@@ -27,6 +27,23 @@ def test_attention_fused_at_every_layer_of_small_bert():
     assert all(cells[i].endswith("x") for i in (5, 6))
 
 
+def test_max_sites_stops_a_rule_whose_results_have_sites_again():
+    result = run(
+        "vit-base",
+        "--size",
+        "small",
+        "--start",
+        "ort:all",
+        "--rule",
+        "slice-hoist",
+        "--max-sites",
+        "1",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| vit-base:small")]
+    assert row.split("|")[3].strip() == "1"
+
+
 def test_an_unknown_rule_is_one_line():
     result = run("bert", "--rule", "no-such-rule")
     assert result.returncode == 1 and result.stderr.strip() == "unknown rule 'no-such-rule'"

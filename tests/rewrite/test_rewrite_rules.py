@@ -74,6 +74,7 @@ EXPECTED_OPS = {
     "conv-winograd": ["Pad", "SpaceToDepth", "Slice", "Slice", "Slice", "Slice", "Concat"]
     + ["Reshape", "MatMul"] * 3
     + ["Reshape", "DepthToSpace", "Add"],
+    "slice-hoist": ["Slice", "Add", "Neg", "Add", "Reshape"],
     "attention-fusion-reverse": ["Neg"]
     + ["MatMul", "Add", "Reshape", "Transpose"] * 3
     + ["MatMul", "Mul", "Softmax", "MatMul", "Transpose", "Reshape", "Relu"],
@@ -300,6 +301,13 @@ def _():
 def _():
     b = ModelBuilder()
     return b.model(b.op("Conv", [b.input((1, 4, 8, 8)), b.const((4, 4, 3, 3))], strides=[2, 2]))
+
+
+@negative("slice-hoist", None)
+def _():
+    b = ModelBuilder()
+    normed = b.op("Softmax", [b.input((2, 5, 8))], axis=1)
+    return b.model(b.op("Gather", [normed, b.const(0, np.int64)], axis=1))
 
 
 @negative("concat-convs-to-group-conv", None)

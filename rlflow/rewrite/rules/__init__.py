@@ -19,6 +19,7 @@ def builtin_rules() -> list[Rule]:
         nchwc,
         reshape,
         simplify,
+        slicing,
         transformer,
         winograd,
     )
@@ -33,6 +34,7 @@ def builtin_rules() -> list[Rule]:
         *nchwc.RULES,
         *attention.RULES,
         *winograd.RULES,
+        *slicing.RULES,
     ]
 
 
