@@ -39,6 +39,7 @@ EXPECTED_OPS = {
     "nchwc-conv-sum-fusion-reverse": [RI, RI, "Conv", "Add", RO],
     "nchwc-conv-activation-fusion": [RI, "Conv", RO],
     "nchwc-conv-activation-fusion-reverse": [RI, "Conv", "Relu", RO],
+    "nchwc-conv-unblock": [RI, RO, "Conv", RI, RO],
     "nchwc-conv-winograd": [RI, RO, "Pad", "SpaceToDepth", "Slice", "Slice", "Slice", "Slice"]
     + ["Concat"]
     + ["Reshape", "MatMul"] * 3
@@ -92,6 +93,15 @@ def _():
 def _():
     b = ModelBuilder()
     conv = _blocked_conv(b, blocked_input(b, (1, B, 4, 4)))
+    return b.model(_op(b, RO, [conv], channels=B))
+
+
+@negative("nchwc-conv-unblock", "reads NCHW")
+def _():
+    b = ModelBuilder()
+    weight = np.random.default_rng(0).standard_normal((B, 3, 3, 3)).astype(np.float32)
+    layout = ConvLayout(per_output=True, reorder_input=False)
+    conv = blocked_conv(b, b.input((1, 3, 4, 4)), weight, layout, pads=[1] * 4)
     return b.model(_op(b, RO, [conv], channels=B))
 
 

@@ -18,6 +18,11 @@ so that a search can choose, site by site, where the blocked layout pays:
 - GlobalAveragePool / GlobalMaxPool(ReorderOutput(x)) -> ReorderOutput(nchwc.Pool(x)) and back
 - BatchNormalization(ReorderOutput(x)) -> ReorderOutput(nchwc.Conv(x, 1x1 depthwise))
   (undone by the Conv rule's reverse, into a plain depthwise Conv)
+- nchwc.Conv(x, w', b, s?) -> ReorderInput(Conv(ReorderOutput(x), w, b)) + s, x blocked: one
+  Conv inside a blocked region out of the layout in one step. The Conv rule's reverse needs
+  reorders on both sides first, and splitting a reorder pair into a region costs time alone, so
+  a greedy search or an agent never reached the Convs that run faster in NCHW (ResNet's last
+  stage on this CPU) that way; this step is priced by what it does.
 
 and, in `nchwc_blocked`, the rules that grow and shrink blocked regions: reorder pairs
 cancelled and shared, ops moved across ReorderOutput, Add and activations fused into the
@@ -30,7 +35,7 @@ import numpy as np
 import onnx
 
 from rlflow.cost import nchwc_block_size
-from rlflow.graph import MS_DOMAIN, Graph
+from rlflow.graph import MS_DOMAIN, Graph, Value
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement, both_ways
 from rlflow.rewrite.rules import nchwc_blocked
@@ -47,11 +52,14 @@ from rlflow.rewrite.rules.nchwc_layout import (
     NCHWC,
     N,
     NchwcPatternRule,
+    activation_reason,
     blocked_conv,
     blocked_input,
     channels_first,
+    emit_activation,
     example_block,
     float_tensor,
+    is_blocked,
     reorder_input,
     reorder_output,
     reorder_output_for,
@@ -462,8 +470,87 @@ class BatchNormToNchwc(NchwcPatternRule):
         return b.model(b.op("BatchNormalization", [x, *params, var], epsilon=1e-3))
 
 
+class BlockedConvUnblock(NchwcPatternRule):
+    """A blocked Conv that reads a blocked tensor, out of the layout with its two reorders."""
+
+    name = "nchwc-conv-unblock"
+    description = (
+        "nchwc.Conv(x, w', b, s?) -> ReorderInput(Conv(ReorderOutput(x), w, b)) + s"
+        "  (x blocked; the activation fused into a FusedConv, or after the Sum)"
+    )
+    pattern = f"y={N}Conv(x, w, b?, s?)"
+    target_ops = {"ReorderOutput": 1, "Conv": 1, "ReorderInput": 1}
+    settings = 4
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        conv = match.node("y")
+        if not is_blocked(graph, match["x"]):
+            return "the Conv reads NCHW (fewer input channels than a block)"
+        if reason := _constants_reason(graph, match):
+            return reason
+        weight = graph.constant(match["w"])
+        if conv.attr("group", 1) != 1 or weight.ndim != 4:
+            return "a grouped or depthwise Conv (the Conv rule's reverse takes those)"
+        if weight.shape[0] % block or weight.shape[1] % block:
+            return "not a filter blocked for this machine"
+        if conv.attr("activation") is not None:
+            return activation_reason(conv)
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        block = nchwc_block_size()
+        conv = match.node("y")
+        blocked = graph.constant(match["w"])
+        out_channels, channels = blocked.shape[:2]  # both padded to whole blocks
+        weight = restore_filter(blocked, block, False, out_channels, channels)
+        emit = Emitter(graph)
+        nchw = reorder_output(emit, graph.value(match["x"]), channels)
+        out = graph.value(match.outputs[0])
+        fused = conv.attr("activation") is not None and not match["s"]
+        op, domain = ("FusedConv", MS_DOMAIN) if fused else ("Conv", "")
+        dropped = {} if fused else {"activation": None, "activation_params": None}
+        inputs = [nchw, emit.const(weight, "weight"), match["b"]]
+        y = typed(emit, emit.copy(conv, inputs, op, domain, **dropped), out.shape, out.dtype)
+        y = reorder_input(emit, Value(y, out.dtype, out.shape), block)
+        if match["s"]:
+            y = emit.op("Add", [y, match["s"]], like=[match.outputs[0]])
+            if conv.attr("activation") is not None:
+                y = emit_activation(emit, conv, y, like=match.outputs[0])
+        return emit.result(y)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        # input channels, output channels, kernel, stride, activation, Sum input
+        cin, cout, k, stride, activation, with_sum = pick(
+            setting,
+            [
+                (block, block, 3, 1, None, False),
+                (2 * block, block, 1, 2, ("Relu", []), False),  # a FusedConv in NCHW
+                (block, 2 * block, 3, 1, ("Relu", []), True),  # the Sum, then the Relu
+                (block + 4, block, 3, 2, ("LeakyRelu", [0.1]), True),  # padded input channels
+            ],
+        )
+        b = ModelBuilder()
+        rng = np.random.default_rng(setting)
+        weight = rng.standard_normal((cout, cin, k, k)).astype(np.float32)
+        bias = rng.standard_normal(cout).astype(np.float32)
+        size = 7
+        source = b.op("ReorderInput", [b.input((1, cin, size, size))], domain=NCHWC)
+        out_size = (size + 2 * (k // 2) - k) // stride + 1
+        total = blocked_input(b, (1, cout, out_size, out_size)) if with_sum else None
+        attrs: dict[str, object] = {"pads": [k // 2] * 4, "strides": [stride] * 2}
+        if activation:
+            attrs["activation"] = activation[0]
+            if activation[1]:
+                attrs["activation_params"] = activation[1]
+        layout = ConvLayout(per_output=False, reorder_input=True)
+        conv = blocked_conv(b, source, weight, layout, bias, total, **attrs)
+        return b.model(b.op("ReorderOutput", [conv], domain=NCHWC, channels=cout))
+
+
 RULES = [
     *both_ways(ConvToNchwc),
+    BlockedConvUnblock(),
     GroupedConvToNchwc(),
     *both_ways(PoolToNchwc),
     *both_ways(GlobalPoolToNchwc),

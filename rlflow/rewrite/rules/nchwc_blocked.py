@@ -31,9 +31,11 @@ from rlflow.rewrite.rules.nchwc_layout import (
     N,
     NchwcPatternRule,
     NchwcRule,
+    activation_reason,
     blocked_conv,
     blocked_input,
     channels_first,
+    emit_activation,
     example_block,
     is_blocked,
     is_nchwc,
@@ -308,26 +310,17 @@ class ConvActivationFusion(NchwcPatternRule):
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if not self.reverse:
             return _no_activation(match.node("c"))
-        conv = match.nodes[0]
-        activation = conv.attr("activation")
-        if activation not in ACTIVATIONS:
-            return f"the nchwc Conv applies {activation or 'no activation'}"
-        if len(conv.attr("activation_params", [])) != len(ACTIVATIONS[activation]):
-            return f"{activation} needs {len(ACTIVATIONS[activation])} activation_params"
-        return None
+        return activation_reason(match.nodes[0])
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         emit = Emitter(graph)
         inputs = [match["x"], match["w"], match["b"], match["s"]]
         if self.reverse:
             conv = match.nodes[0]
-            activation = conv.attr("activation")
-            names = [name for name, _ in ACTIVATIONS[activation]]
-            params = dict(zip(names, conv.attr("activation_params", []), strict=True))
             plain = emit.copy(
                 conv, inputs, like=match.outputs[0], activation=None, activation_params=None
             )
-            return emit.result(emit.op(activation, [plain], **params))
+            return emit.result(emit_activation(emit, conv, plain))
         act = match.nodes[0]
         params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
         fused = emit.copy(

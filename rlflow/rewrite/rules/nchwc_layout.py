@@ -50,6 +50,26 @@ ACTIVATIONS: dict[str, tuple[tuple[str, float], ...]] = {
 `activation_params` (and their ONNX defaults): the ones MLAS's fused activation implements and
 ONNX has as a plain op with attributes only."""
 
+
+def activation_reason(conv: Node) -> str | None:
+    """Why a Conv's fused `activation` cannot be written as its own op (None: it can); no
+    `activation_params` means the op's defaults, as in MLAS."""
+    activation = conv.attr("activation", "")
+    if activation not in ACTIVATIONS:
+        return f"the Conv applies {activation or 'no activation'}"
+    if len(conv.attr("activation_params", [])) not in (0, len(ACTIVATIONS[activation])):
+        return f"{activation} needs {len(ACTIVATIONS[activation])} activation_params"
+    return None
+
+
+def emit_activation(emit: Emitter, conv: Node, y: str, like: str = "") -> str:
+    """The Conv's fused activation as its own operator (`activation_params` as attributes)."""
+    activation = conv.attr("activation")
+    names = [name for name, _ in ACTIVATIONS[activation]]
+    params = dict(zip(names, conv.attr("activation_params", []), strict=False))
+    return emit.op(activation, [y], like=[like] if like else (), **params)
+
+
 LAYOUT_FREE = frozenset({*ACTIVATIONS, "Add", "Mul", "Concat"})
 """Plain ops that compute the same on blocked tensors as on NCHW ones (elementwise on equal
 shapes; Concat on channels joins whole blocks)."""

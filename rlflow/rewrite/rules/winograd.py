@@ -42,18 +42,19 @@ import numpy as np
 import onnx
 
 from rlflow.cost import nchwc_block_size
-from rlflow.graph import MS_DOMAIN, Graph, Node, Value
+from rlflow.graph import MS_DOMAIN, Graph, Value
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
 from rlflow.rewrite.rules.common import opset, pick, shape
 from rlflow.rewrite.rules.nchwc_format import ConvLayout, restore_filter
 from rlflow.rewrite.rules.nchwc_layout import (
-    ACTIVATIONS,
     NCHWC,
     N,
     NchwcPatternRule,
+    activation_reason,
     blocked_conv,
     blocked_input,
+    emit_activation,
     example_block,
     is_blocked,
     reorder_input,
@@ -187,7 +188,7 @@ class ConvToWinograd(PatternRule):
         if conv.domain == MS_DOMAIN:
             if len(conv.inputs) > 3:
                 return "the FusedConv adds a sum input"
-            if (reason := _activation_reason(conv)) is not None:
+            if (reason := activation_reason(conv)) is not None:
                 return reason
         return conv_reason(graph, match)
 
@@ -199,7 +200,7 @@ class ConvToWinograd(PatternRule):
         pads = conv.attr("pads", [0, 0, 0, 0])
         y = emit_winograd(emit, match["x"], dims, graph.constant(match["w"]), bias, pads)
         if conv.domain == MS_DOMAIN:
-            y = _emit_activation(emit, conv, y)
+            y = emit_activation(emit, conv, y)
         return emit.result(y)
 
     def example(self, setting: int) -> onnx.ModelProto:
@@ -240,7 +241,7 @@ class BlockedConvToWinograd(NchwcPatternRule):
         conv = match.node("y")
         if not is_blocked(graph, match["x"]):
             return "the Conv reads NCHW (fewer input channels than a block)"
-        if conv.attr("activation") is not None and (reason := _activation_reason(conv)):
+        if conv.attr("activation") is not None and (reason := activation_reason(conv)):
             return reason
         return conv_reason(graph, match)
 
@@ -262,7 +263,7 @@ class BlockedConvToWinograd(NchwcPatternRule):
         if match["s"]:
             y = emit.op("Add", [y, match["s"]], like=[match.outputs[0]])
         if conv.attr("activation") is not None:
-            y = _emit_activation(emit, conv, y, like=match.outputs[0])
+            y = emit_activation(emit, conv, y, like=match.outputs[0])
         return emit.result(y)
 
     def example(self, setting: int) -> onnx.ModelProto:
@@ -291,23 +292,6 @@ class BlockedConvToWinograd(NchwcPatternRule):
         layout = ConvLayout(per_output=False, reorder_input=True)
         conv = blocked_conv(b, source, weight, layout, bias, total, **attrs)
         return b.model(b.op("ReorderOutput", [conv], domain=NCHWC, channels=cout))
-
-
-def _activation_reason(conv: Node) -> str | None:
-    activation = conv.attr("activation", "")
-    if activation not in ACTIVATIONS:
-        return f"the Conv applies {activation!r}"
-    if len(conv.attr("activation_params", [])) not in (0, len(ACTIVATIONS[activation])):
-        return f"{activation} needs {len(ACTIVATIONS[activation])} activation_params"
-    return None
-
-
-def _emit_activation(emit: Emitter, conv: Node, y: str, like: str = "") -> str:
-    """The Conv's fused activation as its own operator (`activation_params` as attributes)."""
-    activation = conv.attr("activation")
-    names = [name for name, _ in ACTIVATIONS[activation]]
-    params = dict(zip(names, conv.attr("activation_params", []), strict=False))
-    return emit.op(activation, [y], like=[like] if like else (), **params)
 
 
 RULES = [ConvToWinograd(), BlockedConvToWinograd()]
