@@ -13,7 +13,7 @@ import pytest
 from onnx import numpy_helper
 
 from rlflow.cost import check_equivalence, nchwc_block_size
-from rlflow.graph import NCHWC_DOMAIN, Graph, load_model
+from rlflow.graph import MS_DOMAIN, NCHWC_DOMAIN, Graph, load_model
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rules import conv, nchwc, nchwc_layout
 from rlflow.rewrite.rules.common import merge_groups
@@ -236,3 +236,23 @@ def test_merged_groups_keep_each_group_to_its_own_channels():
         offset = group % 2 * 2
         np.testing.assert_array_equal(merged[channel, offset : offset + 2], weight[channel])
         assert not np.delete(merged[channel], [offset, offset + 1], axis=0).any()
+
+
+def test_unblocking_takes_each_conv_out_in_one_step_and_neighbours_reorders_cancel(tmp_path):
+    """In onnxruntime's ResNet-18 every blocked Conv that reads a blocked tensor is a site of
+    nchwc-conv-unblock (the others read NCHW: the stem, and the first stage, narrower than a
+    block here), and after all of them the reorder pairs between neighbours cancel."""
+    path = cached_path("resnet-18", "small")
+    theirs = load_model(ort_all(str(path), tmp_path))
+    blocked = [n for n in theirs.nodes if n.domain == NCHWC_DOMAIN and n.op_type == "Conv"]
+    reading_blocked = [n for n in blocked if nchwc_layout.is_blocked(theirs, n.inputs[0])]
+    sites = list(RULES["nchwc-conv-unblock"].sites(theirs))
+    assert len(sites) == len(reading_blocked) > 0
+    one = RULES["nchwc-conv-unblock"].apply(theirs, sites[-1])
+    assert op_counts(one)[("", "Conv")] + op_counts(one)[(MS_DOMAIN, "FusedConv")] == 1
+    ours = to_fixpoint(theirs, ["nchwc-conv-unblock", "nchwc-reorder-roundtrip"])
+    still = [n for n in ours.nodes if n.domain == NCHWC_DOMAIN and n.op_type == "Conv"]
+    assert len(still) == len(blocked) - len(reading_blocked)
+    assert sum(n.op_type == "ReorderInput" for n in ours.nodes) < len(sites)
+    report = check_equivalence(load_model(path), ours)
+    assert report.equivalent, report.reason

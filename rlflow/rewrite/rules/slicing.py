@@ -9,7 +9,7 @@ A model that reads one row of a long computation -- ViT's head on the class toke
 classifier on its first token -- computes every row of its last layer and keeps one. Moving
 the selection up makes each op compute only the rows that are read: in ViT's last layer the
 feed-forward, the output projection, the query projection and the attention scores shrink to
-one row of 65, and only the keys and values still need every token (1.18x end to end at the
+one row of 65, and only the keys and values still need every token (1.20x end to end at the
 medium size, 1.07x at full; docs/BENCHMARKS.md). onnxruntime has no such pass for inference.
 `f` is any op that computes each index along the axis from the same index of its inputs:
 elementwise ops (with broadcasting), normalisations and Softmax over other axes, the rows of
