@@ -56,7 +56,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
     blocked_conv,
     blocked_input,
     channels_first,
-    emit_activation,
+    conv_out_of_layout,
     example_block,
     float_tensor,
     is_blocked,
@@ -498,25 +498,17 @@ class BlockedConvUnblock(NchwcPatternRule):
         return None
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
-        block = nchwc_block_size()
         conv = match.node("y")
-        blocked = graph.constant(match["w"])
-        out_channels, channels = blocked.shape[:2]  # both padded to whole blocks
-        weight = restore_filter(blocked, block, False, out_channels, channels)
-        emit = Emitter(graph)
-        nchw = reorder_output(emit, graph.value(match["x"]), channels)
         out = graph.value(match.outputs[0])
-        fused = conv.attr("activation") is not None and not match["s"]
-        op, domain = ("FusedConv", MS_DOMAIN) if fused else ("Conv", "")
-        dropped = {} if fused else {"activation": None, "activation_params": None}
-        inputs = [nchw, emit.const(weight, "weight"), match["b"]]
-        y = typed(emit, emit.copy(conv, inputs, op, domain, **dropped), out.shape, out.dtype)
-        y = reorder_input(emit, Value(y, out.dtype, out.shape), block)
-        if match["s"]:
-            y = emit.op("Add", [y, match["s"]], like=[match.outputs[0]])
-            if conv.attr("activation") is not None:
-                y = emit_activation(emit, conv, y, like=match.outputs[0])
-        return emit.result(y)
+
+        def plain_conv(emit: Emitter, x: Value, weight: np.ndarray, fuse: bool) -> str:
+            op, domain = ("FusedConv", MS_DOMAIN) if fuse else ("Conv", "")
+            dropped = {} if fuse else {"activation": None, "activation_params": None}
+            inputs = [x.name, emit.const(weight, "weight"), match["b"]]
+            y = emit.copy(conv, inputs, op, domain, **dropped)
+            return typed(emit, y, out.shape, out.dtype)
+
+        return conv_out_of_layout(graph, match, plain_conv, fuse_activation=True)
 
     def example(self, setting: int) -> onnx.ModelProto:
         block = example_block()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -24,7 +24,7 @@ import onnx
 from rlflow.cost import nchwc_block_size
 from rlflow.graph import NCHWC_DOMAIN, Graph, Node, Value
 from rlflow.rewrite.build import ModelBuilder
-from rlflow.rewrite.rule import Emitter, Match, PatternRule
+from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
 from rlflow.rewrite.rules import nchwc_format
 from rlflow.rewrite.rules.nchwc_format import (
     ConvLayout,
@@ -32,6 +32,7 @@ from rlflow.rewrite.rules.nchwc_format import (
     pad_channels,
     padded,
     reorder_filter,
+    restore_filter,
     used_input_channels,
 )
 
@@ -185,6 +186,36 @@ def reorder_output_for(emit: Emitter, blocked: str, nchw: str, channels: int) ->
     """ReorderOutput of a new blocked value, standing for the existing NCHW value `nchw` (its
     type and shape)."""
     return emit.op("ReorderOutput", [blocked], domain=NCHWC, like=[nchw], channels=channels)
+
+
+def conv_out_of_layout(
+    graph: Graph,
+    match: Match,
+    nchw_conv: Callable[[Emitter, Value, np.ndarray, bool], str],
+    fuse_activation: bool,
+) -> Replacement:
+    """A matched blocked Conv `y` of a blocked `x` (filter `w`, Sum `s`) out of the layout:
+    `x` reordered to NCHW, `nchw_conv(emit, x_nchw, filter, fuse)` in the Conv's place (the OIHW
+    filter restored with its padded channels, whose zero weights ignore whatever the padding
+    holds; `fuse`: it applies the Conv's activation itself, allowed where `fuse_activation` and
+    there is no Sum), reordered back to blocks, then the Sum and the activation if not fused."""
+    block = nchwc_block_size()
+    conv = match.node("y")
+    blocked = graph.constant(match["w"])
+    out_channels, channels = blocked.shape[:2]  # both padded to whole blocks
+    weight = restore_filter(blocked, block, False, out_channels, channels)
+    emit = Emitter(graph)
+    nchw = reorder_output(emit, graph.value(match["x"]), channels)
+    activation = conv.attr("activation") is not None
+    fuse = fuse_activation and activation and not match["s"]
+    y = nchw_conv(emit, emit.values[nchw], weight, fuse)
+    out = graph.value(match.outputs[0])
+    y = reorder_input(emit, Value(y, out.dtype, out.shape), block)
+    if match["s"]:
+        y = emit.op("Add", [y, match["s"]], like=[match.outputs[0]])
+    if activation and not fuse:
+        y = emit_activation(emit, conv, y, like=match.outputs[0])
+    return emit.result(y)
 
 
 def keep_shared_reorders(graph: Graph, match: Match) -> Match:

@@ -41,12 +41,11 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from rlflow.cost import nchwc_block_size
 from rlflow.graph import MS_DOMAIN, Graph, Value
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
 from rlflow.rewrite.rules.common import opset, pick, shape
-from rlflow.rewrite.rules.nchwc_format import ConvLayout, restore_filter
+from rlflow.rewrite.rules.nchwc_format import ConvLayout
 from rlflow.rewrite.rules.nchwc_layout import (
     NCHWC,
     N,
@@ -54,11 +53,10 @@ from rlflow.rewrite.rules.nchwc_layout import (
     activation_reason,
     blocked_conv,
     blocked_input,
+    conv_out_of_layout,
     emit_activation,
     example_block,
     is_blocked,
-    reorder_input,
-    reorder_output,
 )
 
 _BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
@@ -246,25 +244,13 @@ class BlockedConvToWinograd(NchwcPatternRule):
         return conv_reason(graph, match)
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
-        block = nchwc_block_size()
-        conv = match.node("y")
-        blocked = graph.constant(match["w"])
-        out_channels, channels = blocked.shape[:2]  # both padded to whole blocks
-        weight = restore_filter(blocked, block, False, out_channels, channels)
         bias = graph.constant(match["b"]) if match["b"] else None
-        emit = Emitter(graph)
-        x = graph.value(match["x"])
-        nchw = reorder_output(emit, x, channels)
-        dims = (1, channels, *x.shape[2:])
-        pads = conv.attr("pads", [0, 0, 0, 0])
-        y = emit_winograd(emit, nchw, dims, weight, bias, pads)
-        out = graph.value(match.outputs[0])
-        y = reorder_input(emit, Value(y, out.dtype, (1, out_channels, *out.shape[2:])), block)
-        if match["s"]:
-            y = emit.op("Add", [y, match["s"]], like=[match.outputs[0]])
-        if conv.attr("activation") is not None:
-            y = emit_activation(emit, conv, y, like=match.outputs[0])
-        return emit.result(y)
+        pads = match.node("y").attr("pads", [0, 0, 0, 0])
+
+        def winograd(emit: Emitter, x: Value, weight: np.ndarray, fuse: bool) -> str:
+            return emit_winograd(emit, x.name, x.shape, weight, bias, pads)
+
+        return conv_out_of_layout(graph, match, winograd, fuse_activation=False)
 
     def example(self, setting: int) -> onnx.ModelProto:
         block = example_block()
