@@ -52,14 +52,13 @@ from rlflow.rewrite.rules.nchwc_layout import (
     NCHWC,
     N,
     NchwcPatternRule,
-    activation_reason,
     blocked_conv,
     blocked_input,
     channels_first,
     conv_out_of_layout,
     example_block,
     float_tensor,
-    is_blocked,
+    out_of_layout_reason,
     reorder_input,
     reorder_output,
     reorder_output_for,
@@ -483,18 +482,13 @@ class BlockedConvUnblock(NchwcPatternRule):
     settings = 4
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        conv = match.node("y")
-        if not is_blocked(graph, match["x"]):
-            return "the Conv reads NCHW (fewer input channels than a block)"
-        if reason := _constants_reason(graph, match):
+        if reason := out_of_layout_reason(graph, match) or _constants_reason(graph, match):
             return reason
         weight = graph.constant(match["w"])
-        if conv.attr("group", 1) != 1 or weight.ndim != 4:
+        if match.node("y").attr("group", 1) != 1 or weight.ndim != 4:
             return "a grouped or depthwise Conv (the Conv rule's reverse takes those)"
         if weight.shape[0] % block or weight.shape[1] % block:
             return "not a filter blocked for this machine"
-        if conv.attr("activation") is not None:
-            return activation_reason(conv)
         return None
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:

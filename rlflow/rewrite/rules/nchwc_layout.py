@@ -188,6 +188,17 @@ def reorder_output_for(emit: Emitter, blocked: str, nchw: str, channels: int) ->
     return emit.op("ReorderOutput", [blocked], domain=NCHWC, like=[nchw], channels=channels)
 
 
+def out_of_layout_reason(graph: Graph, match: Match) -> str | None:
+    """Why the matched blocked Conv `y` cannot leave the layout by `conv_out_of_layout` (None:
+    it can): it must read a blocked tensor, and its activation be one a plain op writes."""
+    conv = match.node("y")
+    if not is_blocked(graph, match["x"]):
+        return "the Conv reads NCHW (fewer input channels than a block)"
+    if conv.attr("activation") is not None:
+        return activation_reason(conv)
+    return None
+
+
 def conv_out_of_layout(
     graph: Graph,
     match: Match,

@@ -56,7 +56,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
     conv_out_of_layout,
     emit_activation,
     example_block,
-    is_blocked,
+    out_of_layout_reason,
 )
 
 _BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
@@ -236,12 +236,7 @@ class BlockedConvToWinograd(NchwcPatternRule):
     settings = 4
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        conv = match.node("y")
-        if not is_blocked(graph, match["x"]):
-            return "the Conv reads NCHW (fewer input channels than a block)"
-        if conv.attr("activation") is not None and (reason := activation_reason(conv)):
-            return reason
-        return conv_reason(graph, match)
+        return out_of_layout_reason(graph, match) or conv_reason(graph, match)
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         bias = graph.constant(match["b"]) if match["b"] else None
