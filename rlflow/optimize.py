@@ -52,6 +52,7 @@ from rlflow.rewrite.session import RewriteSession
 from rlflow.search import Board, Progress, SearchResult, default_runner, finish, make_cost
 from rlflow.search.base import NO_PROGRESS
 from rlflow.search.cost import table_elsewhere
+from rlflow.search.replay import Recording, is_replay_spec, read_recording
 
 SEARCH_METHODS = ("greedy", "taso", "random", "brkga")
 DEFAULT_METHOD = "taso"
@@ -85,13 +86,17 @@ class Method:
     """regal: the `rlflow train-regal` run whose policy biases BRKGA."""
     guide: Path | None = None
     """guided: the `rlflow train-advantage` run whose model ranks the candidates."""
+    recording: Recording | None = None
+    """replay: a result recorded elsewhere (`rlflow.search.replay`), re-applied and timed here."""
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`greedy`, `taso`, `random`, `brkga`, `regal:RUN_DIR`, `guided:RUN_DIR` or
-        `agent:RUN_DIR` (the run must exist)."""
+        """`greedy`, `taso`, `random`, `brkga`, `regal:RUN_DIR`, `guided:RUN_DIR`,
+        `agent:RUN_DIR` (the run must exist) or `replay:RESULT.json`."""
         if is_agent_spec(text):
             return cls("agent", parse_agent(text))
+        if is_replay_spec(text):
+            return cls("replay", recording=read_recording(text))
         if is_regal_spec(text):
             return cls("regal", regal=parse_regal(text))
         if is_guided_spec(text):
@@ -99,7 +104,7 @@ class Method:
         if text not in SEARCH_METHODS:
             raise RlflowError(
                 f"unknown method {text!r}; choose one of {', '.join(SEARCH_METHODS)}, "
-                "regal:RUN_DIR, guided:RUN_DIR or agent:RUN_DIR"
+                "regal:RUN_DIR, guided:RUN_DIR, agent:RUN_DIR or replay:RESULT.json"
             )
         return cls(text)
 
@@ -114,6 +119,8 @@ class Method:
             return f"regal:{run_name(self.regal)}"
         if self.guide is not None:
             return f"guided:{run_name(self.guide)}"
+        if self.recording is not None:
+            return self.recording.label
         return self.agent.label if self.agent is not None else self.name
 
     def __str__(self) -> str:
@@ -122,6 +129,8 @@ class Method:
             return f"regal:{self.regal}"
         if self.guide is not None:
             return f"guided:{self.guide}"
+        if self.recording is not None:
+            return str(self.recording)
         return str(self.agent) if self.agent is not None else self.name
 
 
@@ -160,10 +169,12 @@ class SearchOptions:
 
 
 def expansion_total(method: Method, budget: int | None) -> int | None:
-    """The expansions a search will make (for a progress bar); None when unknown (greedy,
-    agents)."""
+    """The expansions a search will make (for a progress bar; a replay's steps); None when
+    unknown (greedy, agents)."""
     from rlflow.search import brkga, guided, random_walk, taso
 
+    if method.recording is not None:
+        return len(method.recording.episode.actions)
     if method.is_agent:
         return None
     if budget is not None:
@@ -303,9 +314,30 @@ def run_agent(agent: AgentSpec, start: Graph, run: Run) -> SearchResult:
     )
 
 
+def run_replay(recording: Recording, start: Graph, run: Run) -> SearchResult:
+    """The recorded episode re-applied to `start` and timed (`rlflow.search.replay`), its graph
+    ranked by the recorded cost table if one ranked it, else by the cheap analytic model (one
+    graph: the ranking only fills the result's cost fields)."""
+    from rlflow.search import replay
+
+    cost = make_cost(run.options.cost or recording.table or "analytic", run.settings)
+    return replay.search(
+        recording,
+        start,
+        run.ruleset,
+        cost,
+        label=run.label,
+        runner=run.runner,
+        progress=run.progress or NO_PROGRESS,
+        reference=run.reference,
+    )
+
+
 def run_method(method: Method, start: Graph, run: Run) -> SearchResult:
-    """`run_agent` for an agent, `run_regal` for REGAL, else `run_search`: measured, not yet
-    checked."""
+    """`run_agent` for an agent, `run_regal` for REGAL, `run_replay` for a recorded result, else
+    `run_search`: measured, not yet checked."""
+    if method.recording is not None:
+        return run_replay(method.recording, start, run)
     if method.agent is not None:
         return run_agent(method.agent, start, run)
     if method.regal is not None:
@@ -449,8 +481,11 @@ def choose_start(
 
 def ranking_cost(method: Method, options: SearchOptions) -> str | None:
     """The cost that ranks `method`'s graphs where it matters here (a cost table): `--cost`,
-    else, for an agent, the table its training env was rewarded by (None: neither)."""
-    if options.cost or method.agent is None:
+    else, for an agent, the table its training env was rewarded by, for a replay, the table
+    that ranked the recorded result (None: neither)."""
+    if options.cost or method.recording is not None:
+        return options.cost or method.recording.table
+    if method.agent is None:
         return options.cost
     from rlflow.worldmodel.policy import load_agent_policy
 
@@ -469,6 +504,26 @@ def start_for_cost(
         return start
     table.check_start(start, settings.resolved().provider)
     return "original"
+
+
+def recorded_start(
+    recording: Recording, start: str | StartState, deploy: Deployment
+) -> str | StartState:
+    """Where a replay begins: the start state its episode was recorded from. `start` may name
+    it (or be `best`, or a state chosen for other methods, as a bench does); naming another is
+    an error, as is an online replay of an episode that began from onnxruntime's graph."""
+    recorded = recording.start_state
+    name = start.name if isinstance(start, StartState) else start
+    if name == recorded:
+        return start
+    if deploy.mode == "online" and recorded != "original":
+        raise RlflowError(
+            f"replay: {recording.path} began from {recorded}; online, graphs start from the "
+            "original (replay it with --deploy offline)"
+        )
+    if isinstance(start, str) and start != "best":
+        raise RlflowError(f"replay: {recording.path} began from {recorded}, not from {start}")
+    return recorded
 
 
 def optimize(
@@ -492,10 +547,10 @@ def optimize(
     `settings` are the original's: what a user runs today (default: onnxruntime's defaults,
     level all); speedups are against it. Offline, the method starts from the fastest start
     state (`choose_start`; the original only if `options.portable`), or from `start` when it
-    names one (`original`, `ort:all`, ...) or is one already measured; it works on graphs run as
-    written, and the result declares so. Online, it starts from the original and everything runs
-    under `settings`. `peer` also times the
-    tuning peer (`rlflow.cost.ort_optimizer.tuning_peer`). `runner` times the final graphs
+    names one (`original`, `ort:all`, ...) or is one already measured (a replay: from the state
+    its episode began from); it works on graphs run as written, and the result declares so.
+    Online, it starts from the original and everything runs under `settings`. `peer` also times
+    the tuning peer (`rlflow.cost.ort_optimizer.tuning_peer`). `runner` times the final graphs
     (default: `rlflow.search.default_runner`). Not `strict`, a result that fails the
     equivalence check is returned with its report (a benchmark records it) instead of raising.
     `interface`, the original's, is restored on the model written (`OptimizeResult.handed`) and
@@ -511,6 +566,8 @@ def optimize(
     start_speedups: dict[str, float] = {}
     ranked_by = ranking_cost(method, options)
     elsewhere = table_elsewhere(ranked_by, settings)
+    if method.recording is not None:
+        start = recorded_start(method.recording, start, deploy)
     start = start_for_cost(start, ranked_by, settings)
     rules = None
     if elsewhere is not None:  # graphs for the table's provider, with the rules it verified

@@ -14,11 +14,16 @@
 #   bench  `rlflow bench`: greedy and taso (or METHODS, e.g. `greedy agent:RUN_DIR`) offline
 #          ranked by the table (or COST, e.g. perop: each
 #          operator timed on the GPU as the search meets it, sharing rlflow's per-op cache with
-#          the table's collection), taso online; the models in BENCH_GROUPS (3) processes at
-#          once, timing one at a time under one lock
+#          the table's collection), taso online (ONLINE=0: not); the models in BENCH_GROUPS (3)
+#          processes at once, timing one at a time under one lock. REPLAYS=DIR adds, for each
+#          model, the results recorded elsewhere in DIR/MODEL/*.json (`rlflow optimize --json`
+#          records, e.g. of a search ranked by this GPU's table on a CPU machine, or of an agent
+#          trained there) as `replay:` methods: their models are too large to carry, their
+#          episodes are not. A model then gets its own report, bench-offline-MODEL.
 #
 # RLFLOW (default: `python3 -m rlflow.cli`) runs rlflow; MODELS, SIZE (full), STEPS (20),
-# JOBS (6), MIN_TIME (timed seconds per graph in `error` and `bench`; default adaptive) and
+# JOBS (6), MIN_TIME (timed seconds per graph in `error` and `bench`; default adaptive), START
+# (the bench's start state; default: the fastest measured) and
 # PROVIDER (cuda; cpu to try the stages out here) change what is run. On the CPU
 # provider the lock keeps timings apart but not the other processes' CPU work beside them
 # (rlflow/cost/timing_lock.py): there, numbers worth keeping need JOBS=1 BENCH_GROUPS=1.
@@ -33,7 +38,7 @@ provider=${PROVIDER:-cuda}
 read -r -a models <<< "${MODELS:-bert vit-base mini-dalle transformer-transducer inception-v3 resnext-50 squeezenet-1.1 resnet-18 resnet-50}"
 table=${TABLE:-$runs/h100.json}
 cost=${COST:-table:$table}
-read -r -a methods <<< "${METHODS:-greedy taso}"
+read -r -a methods <<< "${METHODS-greedy taso}"
 export RLFLOW_TIMING_LOCK=${RLFLOW_TIMING_LOCK:-$runs/timing.lock}
 say() { echo "[bench_gpu $(date +%H:%M:%S)] $*" >&2; }
 min_time=()
@@ -66,6 +71,18 @@ table_error() {
         --provider "$provider" --table "$table" "${min_time[@]}" --out "$runs/table-vs-e2e"
 }
 
+bench_offline() {  # bench_offline NAME MODEL...: METHODS (and replays) on the models, offline
+    local name=$1 replays=()
+    shift
+    if [ -n "${REPLAYS:-}" ]; then
+        for record in "$REPLAYS/$1"/*.json; do [ -f "$record" ] && replays+=("replay:$record"); done
+    fi
+    [ $((${#methods[@]} + ${#replays[@]})) -gt 0 ] || return 0
+    rlflow bench --models "$@" --size "$size" --provider "$provider" \
+        --methods "${methods[@]}" "${replays[@]}" --deploys offline --cost "$cost" \
+        ${START:+--start "$START"} "${min_time[@]}" --out "$runs/bench-offline-$name" > "$runs/bench-offline-$name.log" 2>&1
+}
+
 bench() {
     # BENCH_GROUPS processes at once, model i in group i mod BENCH_GROUPS; each writes its own report.
     local count=${BENCH_GROUPS:-3} index
@@ -74,11 +91,13 @@ bench() {
         for ((i = index; i < ${#models[@]}; i += count)); do members+=("${models[i]}"); done
         [ ${#members[@]} -gt 0 ] || continue
         (
-            rlflow bench --models "${members[@]}" --size "$size" --provider "$provider" \
-                --methods "${methods[@]}" --deploys offline --cost "$cost" "${min_time[@]}" \
-                --out "$runs/bench-offline-$index" > "$runs/bench-offline-$index.log" 2>&1
-            rlflow bench --models "${members[@]}" --size "$size" --provider "$provider" \
-                --methods taso --deploys online --no-peer "${min_time[@]}" \
+            if [ -n "${REPLAYS:-}" ]; then  # each model its own methods
+                for model in "${members[@]}"; do bench_offline "$model" "$model"; done
+            else
+                bench_offline "$index" "${members[@]}"
+            fi
+            [ "${ONLINE:-1}" = 0 ] || rlflow bench --models "${members[@]}" --size "$size" \
+                --provider "$provider" --methods taso --deploys online --no-peer "${min_time[@]}" \
                 --out "$runs/bench-online-$index" > "$runs/bench-online-$index.log" 2>&1
         ) &
     done

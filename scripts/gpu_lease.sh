@@ -15,7 +15,9 @@
 # MIN_TIME (timed seconds per graph in the bench, 0.3) and COST (what ranks the bench's searches,
 # default the table) and METHODS (greedy taso; `agent:RUN_DIR` for a carried run) as in
 # scripts/bench_gpu.sh; TABLE_SHARE (35) is the percentage of the time left that the table may
-# take, BENCH_MODELS (MODELS) the models the bench runs, PROBE=1 adds
+# take (NO_TABLE=1: no table, and no table error stage), BENCH_MODELS (MODELS) the models the bench
+# runs (REPLAYS=DIR: with the results recorded elsewhere in DIR/MODEL/*.json, replayed and timed
+# here, scripts/bench_gpu.sh; that bench needs no table and starts at once), PROBE=1 adds
 # scripts/probe_fusedconv.py before the bench. The gpu-marked tests run beside the table (every
 # GPU timing of either holds the timing lock). The table is written as $RUNS/<gpu>.json; TABLE_FROM
 # names one brought back by an earlier lease (carried) for `costs collect` to resume. rlflow's
@@ -70,6 +72,12 @@ for r in failed:
 PY
 head -1 "$runs/rules.txt"
 
+export MIN_TIME=${MIN_TIME:-0.3} BENCH_GROUPS=5 PROVIDER=$provider
+if [ -n "${REPLAYS:-}" ]; then
+    say "bench of the replays (${BENCH_MODELS:-$MODELS}), beside everything after it"
+    MODELS=${BENCH_MODELS:-$MODELS} TABLE=$table stage 95 scripts/bench_gpu.sh "$runs" bench &
+fi
+
 say "check: versions; gpu-marked tests beside the table"
 nvidia-smi > "$runs/nvidia-smi.txt" 2>&1
 python3 -c 'import onnxruntime as o, torch
@@ -79,11 +87,14 @@ stage 15 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cost/test_cuda.py
     > "$runs/pytest-gpu.txt" 2>&1 &
 tests=$!
 
-say "table: ${models[*]}"
-stage "${TABLE_SHARE:-35}" python3 -m rlflow.cli costs collect --provider "$provider" \
-    --models "${models[@]}" --size "$SIZE" --steps "${STEPS:-10}" --jobs "${JOBS:-${#models[@]}}" \
-    --out "$table" --json > "$runs/table-summary.json" 2> "$runs/table.log"
-say "table done: $(tail -c 400 "$runs/table-summary.json")"
+if [ "${NO_TABLE:-0}" != 1 ]; then
+    say "table: ${models[*]}"
+    stage "${TABLE_SHARE:-35}" python3 -m rlflow.cli costs collect --provider "$provider" \
+        --models "${models[@]}" --size "$SIZE" --steps "${STEPS:-10}" \
+        --jobs "${JOBS:-${#models[@]}}" --out "$table" --json > "$runs/table-summary.json" \
+        2> "$runs/table.log"
+    say "table done: $(tail -c 400 "$runs/table-summary.json")"
+fi
 wait "$tests"
 say "gpu-marked tests: $(tail -1 "$runs/pytest-gpu.txt")"
 
@@ -99,9 +110,9 @@ say "side by side: noise floor, table vs end to end, bench (5 groups)"
     python3 -m rlflow.cli measure "$model" --size "$SIZE" --vs "$model" --provider "$provider" \
         --json > "$runs/self-$model.json" 2>> "$runs/self.log"
 done) &
-export TABLE=$table MIN_TIME=${MIN_TIME:-0.3} BENCH_GROUPS=5 PROVIDER=$provider
-stage 90 scripts/bench_gpu.sh "$runs" error &
-MODELS=${BENCH_MODELS:-$MODELS} stage 90 scripts/bench_gpu.sh "$runs" bench &
+[ "${NO_TABLE:-0}" = 1 ] || TABLE=$table stage 90 scripts/bench_gpu.sh "$runs" error &
+[ -n "${REPLAYS:-}" ] || MODELS=${BENCH_MODELS:-$MODELS} TABLE=$table \
+    stage 90 scripts/bench_gpu.sh "$runs" bench &
 while [ "$(left)" -gt 15 ] && [ -n "$(jobs -rp | grep -vx "$packer")" ]; do sleep 5; done
 say "done (or out of time)"
 kill $(jobs -rp) 2> /dev/null

@@ -75,7 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--methods",
         nargs="+",
         metavar="METHOD",
-        help="greedy, taso, random, brkga, regal:RUN_DIR, guided:RUN_DIR, agent:RUN_DIR",
+        help="greedy, taso, random, brkga, regal:RUN_DIR, guided:RUN_DIR, agent:RUN_DIR, "
+        "replay:RESULT.json",
     )
     parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="report directory")
     parser.add_argument(
@@ -245,6 +246,8 @@ def _still_valid(cell: dict[str, Any], method: Method, out: Path) -> bool:
     if method.regal is not None and _regal_runs(method.regal) != cell.get("regal_runs"):
         return False
     if method.guide is not None and run_digest(method.guide) != cell.get("guide_digest"):
+        return False
+    if method.recording is not None and method.recording.digest != cell.get("replay_digest"):
         return False
     return not cell["equivalent"] or (out / cell["graph_file"]).is_file()
 
@@ -419,6 +422,7 @@ def bench_model(
                 "env_steps": env_steps,
                 "regal_runs": _regal_runs(method.regal) if method.regal is not None else None,
                 "guide_digest": run_digest(method.guide) if method.guide is not None else None,
+                "replay_digest": method.recording.digest if method.recording else None,
                 "rules_applied": search.rules_applied,
                 "fusions": result.fusions,
                 "cost_model": search.cost_model,

@@ -42,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--method",
         metavar="METHOD",
         help=f"search: {', '.join(SEARCH_METHODS)}, regal:RUN_DIR or guided:RUN_DIR "
-        f"(default {DEFAULT_METHOD})",
+        f"(default {DEFAULT_METHOD}); replay:RESULT.json re-applies a result recorded by "
+        "--json (elsewhere, say) and times it here",
     )
     how.add_argument(
         "--agent", metavar="RUN_DIR", help="a trained run: train-ppo or train-controller RUN_DIR"
@@ -193,6 +194,8 @@ def optimize_to_file(
     method = Method.parse(method_text)  # a bad agent run fails before the model is loaded
     if method.is_agent and (args.budget is not None or args.portable):
         raise RlflowError("--budget and --portable are for searches; an agent runs --episodes")
+    if method.recording is not None and (args.budget is not None or args.portable):
+        raise RlflowError("--budget and --portable are for searches; a replay re-applies its steps")
     from rlflow.graph import load_with_interface
 
     original, interface = load_with_interface(
@@ -212,7 +215,7 @@ def optimize_to_file(
     with tqdm(
         total=total,
         desc=f"{method.label} {label}",
-        unit="step" if method.is_agent else "exp",
+        unit="step" if method.is_agent or method.recording else "exp",
         file=sys.stderr,
         mininterval=0.5,
     ) as bar:

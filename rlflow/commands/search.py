@@ -23,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--method",
         required=True,
         metavar="METHOD",
-        help=f"search method: {', '.join(SEARCH_METHODS)}, regal:RUN_DIR or guided:RUN_DIR",
+        help=f"search method: {', '.join(SEARCH_METHODS)}, regal:RUN_DIR, guided:RUN_DIR or "
+        "replay:RESULT.json",
     )
     add_method_arguments(parser)
     parser.set_defaults(run=run)

@@ -77,6 +77,18 @@ def test_search_on_a_cpu_machine_makes_a_model_for_the_gpu_of_the_shipped_table(
     assert not any(rule.startswith("nchwc") for rule in summary["rules_applied"])
     assert "cost table h200 (cuda on NVIDIA H200" in err
     assert out.is_file() and summary["equivalent"]
+    # What the GPU machine does with the record (the model itself is too large to carry): the
+    # same graph, made for the table's provider with the rules it verified, ranked by it again.
+    record = tmp_path / "s.json"
+    record.write_text(stdout)
+    argv = ["optimize", MODEL, "--size", "full", "--method", f"replay:{record}", "--no-peer"]
+    code = main([*argv, "-o", str(tmp_path / "r.onnx"), "--min-time", "0.05", "--json"])
+    stdout, err = capfd.readouterr()
+    assert code == 0, err
+    replayed = json.loads(stdout)
+    assert replayed["cost_model"] == "table:h200" and replayed["target"]["provider"] == "cuda"
+    assert replayed["episode"]["final_hash"] == summary["episode"]["final_hash"]
+    assert replayed["optimized_cost"] == pytest.approx(summary["optimized_cost"])
     code = main(
         [
             "search",

@@ -241,3 +241,63 @@ def test_agent_run_optimizes_like_a_search(tiny_ppo_run, tmp_path, capsys):
     assert summary["expansions"] >= summary["steps"]  # rollout steps; the kept path's steps
     report = check_equivalence(load_model(cached_path("squeezenet-1.1", "small")), load_model(out))
     assert report.equivalent, report.reason
+
+
+def test_a_recorded_result_replays_to_the_same_graph_from_its_start_state(tmp_path, capsys):
+    """`replay:RESULT.json`: the episode of an `optimize --json` record re-applied to the same
+    model (its size, from the start state it began at) reaches the same graph, hash for hash,
+    and is timed and checked here like any result."""
+    record = tmp_path / "greedy.json"
+    summary, _ = optimize_json(
+        capsys, "squeezenet-1.1", "--method", "greedy", "--no-peer", "-o", str(tmp_path / "g.onnx")
+    )
+    assert summary["steps"] > 0  # something to replay
+    record.write_text(json.dumps(summary))
+    out = tmp_path / "replayed.onnx"
+    args = ("squeezenet-1.1", "--method", f"replay:{record}", "--no-peer", "-o", str(out))
+    replayed, err = optimize_json(capsys, *args)
+    assert_contract(replayed)
+    assert replayed["method"] == f"replay:{record}" and "replay:greedy squeezenet" in err
+    assert replayed["start_state"] == summary["start_state"]
+    assert replayed["rules_applied"] == summary["rules_applied"]
+    assert replayed["expansions"] == summary["steps"]
+    assert replayed["finalists"][-1]["graph_hash"] == summary["episode"]["final_hash"]
+    if replayed["steps"]:  # kept: it measured faster here too
+        assert replayed["episode"]["final_hash"] == summary["episode"]["final_hash"]
+        assert load_model(out).canonical_hash() == summary["episode"]["final_hash"]
+
+
+@pytest.mark.parametrize(
+    ("record", "extra", "message"),
+    [
+        ("missing.json", (), "replay: cannot read"),
+        ("{", (), "is not JSON"),
+        ("{}", (), "holds no episode"),
+        ("GREEDY", ("--size", "medium"), "starts from another graph than squeezenet-1.1:medium"),
+        ("GREEDY", ("--budget", "3"), "a replay re-applies its steps"),
+    ],
+)
+def test_a_bad_replay_is_one_line(record, extra, message, tmp_path, capsys):
+    path = tmp_path / "record.json"
+    if record == "GREEDY":  # a real record of the small model
+        args = ("--budget", "1", "--no-peer", "--start", "original", "-o", str(tmp_path / "g.onnx"))
+        summary, _ = optimize_json(capsys, "squeezenet-1.1", "--method", "greedy", *args)
+        path.write_text(json.dumps(summary))
+    elif record != "missing.json":
+        path.write_text(record)
+    code = main(
+        [
+            "optimize",
+            "squeezenet-1.1",
+            "--method",
+            f"replay:{path}",
+            *extra,
+            "-o",
+            str(tmp_path / "x.onnx"),
+        ]
+    )
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("rlflow: error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "x.onnx").exists()
