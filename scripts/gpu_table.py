@@ -139,7 +139,7 @@ def plot(models: dict[str, dict], methods: list[str], path: Path, title: str) ->
     names = [m for m in sorted(models) if models[m].get("methods")]
     series = [*methods, "tuning peer"]
     width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(names)) + 2, 4))
     for index, method in enumerate(series):
         values, hatches = [], []
         for name in names:
@@ -171,7 +171,8 @@ def plot(models: dict[str, dict], methods: list[str], path: Path, title: str) ->
             va="top",
             fontsize=8,
         )
-    ax.legend(fontsize=8, loc="upper center")
+    # beside the axes: with many methods a legend inside covers the bars
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

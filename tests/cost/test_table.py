@@ -153,14 +153,16 @@ def test_tables_shipped_with_rlflow_are_named(tmp_path, monkeypatch):
     assert TableCostModel("mini").name == "table:mini"
 
 
-def test_the_shipped_h200_table_covers_the_full_zoo_as_onnxruntime_runs_it():
-    """The table collected on an H200 (docs/BENCHMARKS.md, "GPU") holds every operator of the
-    full-size zoo's originals, so costing them on any machine needs no roofline guess."""
+@pytest.mark.parametrize(("name", "device"), [("h200", "NVIDIA H200"), ("h100", "NVIDIA H100")])
+def test_a_shipped_gpu_table_covers_the_full_zoo_as_onnxruntime_runs_it(name, device):
+    """The tables collected on an H200 and an H100 (docs/BENCHMARKS.md, "GPU") hold every
+    operator of the full-size zoo's originals, so costing them on any machine needs no roofline
+    guess."""
     from rlflow.zoo import cached_path
 
-    table = load_table("h200")
+    table = load_table(name)
     meta = table.meta
-    assert meta["device"] == "NVIDIA H200" and meta["provider"] == "cuda" and meta["complete"]
+    assert meta["device"].startswith(device) and meta["provider"] == "cuda" and meta["complete"]
     assert meta["provider_options"]["use_tf32"] == "0" and meta["deploy"] == "offline"
     assert len(meta["models_done"]) == 9 and not meta["models_failed"]
     for name in ("squeezenet-1.1", "resnet-18"):
