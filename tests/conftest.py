@@ -71,6 +71,14 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
     return feeds
 
 
+def apply_everywhere(rule, graph):
+    """Apply `rule` at its first site until it has none; (the graph, how many times)."""
+    count = 0
+    while (match := next(iter(rule.sites(graph)), None)) is not None:
+        graph, count = rule.apply(graph, match), count + 1
+    return graph, count
+
+
 @pytest.fixture
 def mlp_model() -> onnx.ModelProto:
     """x[2,8] -> MatMul W1 -> Add b1 -> Relu -> MatMul W2 -> y[2,4]."""

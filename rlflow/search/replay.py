@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlflow.cost import Runner
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph
 from rlflow.rewrite import RuleSet
@@ -98,7 +99,7 @@ def search(
     cost: SearchCost,
     *,
     label: str,
-    runner: Any = None,
+    runner: Runner | None = None,
     progress: Progress = NO_PROGRESS,
     reference: Graph | None = None,
 ) -> SearchResult:
@@ -109,7 +110,7 @@ def search(
         raise RlflowError(
             f"replay: {recording.path} starts from another graph than {label} at "
             f"{recording.start_state} (it was recorded on {episode.model or 'a model'}; "
-            "another model, size, or onnxruntime version?)"
+            "another model or size, or an export by another torch or onnxruntime?)"
         )
     started = time.perf_counter()
     progress.set_postfix_str(f"replaying {len(episode.actions)} steps", refresh=True)

@@ -147,3 +147,29 @@ def test_seed_runs_of_two_agents_get_distinct_labels(tmp_path):
     ]
     assert labels == ["agent:ppo-a/seed-0", "agent:ppo-b/seed-0"]
     assert Method.parse(f"agent:{tmp_path / 'ppo-a' / 'seed-0'}").agent.kind == "ppo"
+
+
+def test_a_cell_replays_in_another_bench_and_is_redone_when_its_record_changes(tmp_path, capsys):
+    """A bench cell holds its episode like an `optimize --json` record: `replay:CELL.json`
+    re-applies it in another bench (from the cell's start state), a rerun keeps the replayed
+    cell, and an edited record makes it redone."""
+    bench(capsys, tmp_path / "a", "--models", "squeezenet-1.1", "--methods", "greedy", "--no-peer")
+    cells = json.loads((tmp_path / "a" / "results.json").read_text())["cells"]
+    cell = cells["squeezenet-1.1:small|greedy|offline"]
+    record = tmp_path / "greedy.json"
+    record.write_text(json.dumps(cell))
+    out, key = tmp_path / "b", "squeezenet-1.1:small|replay:greedy|offline"
+    args = ("--models", "squeezenet-1.1", "--methods", f"replay:{record}", "--no-peer")
+    bench(capsys, out, *args)
+    replayed = json.loads((out / "results.json").read_text())["cells"][key]
+    assert replayed["equivalent"] and replayed["start_state"] == cell["start_state"]
+    assert replayed["episode"]["original_hash"] == cell["episode"]["original_hash"]
+    if replayed["steps"]:  # kept: it measured faster here too
+        assert replayed["graph_hash"] == cell["graph_hash"]
+    bench(capsys, out, *args)
+    assert json.loads((out / "results.json").read_text())["cells"][key] == replayed
+    record.write_text(json.dumps({**cell, "note": "edited"}))
+    bench(capsys, out, *args)
+    assert (
+        json.loads((out / "results.json").read_text())["cells"][key]["wall_s"] != replayed["wall_s"]
+    )

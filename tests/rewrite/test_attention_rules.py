@@ -14,18 +14,11 @@ from rlflow.graph.domains import MS_DOMAIN
 from rlflow.rewrite.rules.attention import AttentionFusion, AttentionFusionReverse
 from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
+from tests.conftest import apply_everywhere
 
 FUSE, UNFUSE = AttentionFusion(), AttentionFusionReverse()
 # Attention layers of each small zoo transformer (the transducer: 2 audio + 1 label layers).
 LAYERS = {"bert": 2, "vit-base": 2, "mini-dalle": 2, "transformer-transducer": 3}
-
-
-def apply_everywhere(rule, graph: Graph) -> tuple[Graph, int]:
-    """Apply `rule` at its first site until it has none; the graph and how many times."""
-    count = 0
-    while (match := next(iter(rule.sites(graph)), None)) is not None:
-        graph, count = rule.apply(graph, match), count + 1
-    return graph, count
 
 
 def attention_nodes(graph: Graph) -> list:

@@ -19,18 +19,12 @@ from rlflow.rewrite.rules.winograd import (
 )
 from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
+from tests.conftest import apply_everywhere
 
 WINOGRAD, BLOCKED = ConvToWinograd(), BlockedConvToWinograd()
 needs_nchwc = pytest.mark.skipif(
     nchwc_block_size() is None, reason="onnxruntime does no NCHWc here"
 )
-
-
-def apply_everywhere(rule, graph):
-    count = 0
-    while (match := next(iter(rule.sites(graph)), None)) is not None:
-        graph, count = rule.apply(graph, match), count + 1
-    return graph, count
 
 
 def test_one_tile_gives_the_2x2_correlation_of_its_4x4_inputs():
