@@ -11,8 +11,8 @@
 #          JOBS worker processes rewrite in parallel and time one at a time)
 #   error  the table's sum against end-to-end latency in offline mode, per zoo model
 #          (scripts/bench_perop_offline.py --table)
-#   bench  `rlflow bench`: greedy and taso (or METHODS, e.g. `greedy agent:RUN_DIR`) offline
-#          ranked by the table (or COST, e.g. perop: each
+#   bench  `rlflow bench`: greedy and taso (or METHODS, e.g. `greedy agent:RUN_DIR`; empty
+#          with REPLAYS: the replays alone) offline ranked by the table (or COST, e.g. perop: each
 #          operator timed on the GPU as the search meets it, sharing rlflow's per-op cache with
 #          the table's collection), taso online (ONLINE=0: not); the models in BENCH_GROUPS (3)
 #          processes at once, timing one at a time under one lock. REPLAYS=DIR adds, for each
@@ -80,7 +80,8 @@ bench_offline() {  # bench_offline NAME MODEL...: METHODS (and replays) on the m
     [ $((${#methods[@]} + ${#replays[@]})) -gt 0 ] || return 0
     rlflow bench --models "$@" --size "$size" --provider "$provider" \
         --methods "${methods[@]}" "${replays[@]}" --deploys offline --cost "$cost" \
-        ${START:+--start "$START"} "${min_time[@]}" --out "$runs/bench-offline-$name" > "$runs/bench-offline-$name.log" 2>&1
+        ${START:+--start "$START"} "${min_time[@]}" --out "$runs/bench-offline-$name" \
+        > "$runs/bench-offline-$name.log" 2>&1
 }
 
 bench() {
