@@ -2,14 +2,14 @@
 
 An optimised model is as large as its weights (528 MB for the full-size BERT), while the path
 that made it is a few kilobytes: `rlflow optimize --json` and `rlflow bench` record every
-result's episode (rule, site and resulting hash per step, `rlflow.rewrite.session.EpisodeState`). A search run
-on a CPU machine by a GPU's cost table, or an agent trained there, is then timed on the GPU by
-re-applying that episode to the same model (`RewriteSession.replay`, which checks every hash on
-the way) and measuring the result exactly as a search's (`rlflow.search.finish`): against the
-original, kept only if it is faster here too. The episode starts where it was recorded to start
-(`start_state`), and a graph ranked by a cost table is ranked by that table again. The model
-must be the same graph: a zoo model exported by another torch may not be (the replay then
-refuses in one line).
+result's episode (rule, site and resulting hash per step, `rlflow.rewrite.session.EpisodeState`).
+A search run on a CPU machine by a GPU's cost table, or an agent trained there, is then timed on
+the GPU by re-applying that episode to the same model (`RewriteSession.replay`, which checks
+every hash on the way) and measuring the result exactly as a search's (`rlflow.search.finish`):
+against the original, kept only if it is faster here too. The episode starts where it was
+recorded to start (`start_state`), and a graph ranked by a cost table is ranked by that table
+again. The model must be the same graph: a zoo model exported by another torch may not be (the
+replay then refuses in one line).
 """
 
 from __future__ import annotations
