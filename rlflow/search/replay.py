@@ -42,8 +42,6 @@ class Recording:
     """The start state the episode began from (`original`, `ort:all`, ...)."""
     cost_model: str
     """What ranked its graphs where it was made (`table:h200`, `perop`, ...)."""
-    method: str
-    """The method that found it (`taso`, `agent:runs/ppo/seed-0`, ...)."""
     digest: str
     """Of the file: a bench cell made from it is redone when it changes."""
 
@@ -89,7 +87,6 @@ def read_recording(text: str) -> Recording:
         episode=EpisodeState.from_json(record["episode"]),
         start_state=str(record.get("start_state") or "original"),
         cost_model=str(record.get("cost_model") or "analytic"),
-        method=str(record.get("method") or "?"),
         digest=hashlib.sha256(raw).hexdigest()[:16],
     )
 
