@@ -127,6 +127,7 @@ def search(
         runner=runner,
         progress=progress,
         reference=reference,
+        capped_by_cost=False,
     )
 
 

@@ -248,9 +248,19 @@ def test_a_recorded_result_replays_to_the_same_graph_from_its_start_state(tmp_pa
     model (its size, from the start state it began at) reaches the same graph, hash for hash,
     and is timed and checked here like any result."""
     record = tmp_path / "greedy.json"
-    summary, _ = optimize_json(
-        capsys, "squeezenet-1.1", "--method", "greedy", "--no-peer", "-o", str(tmp_path / "g.onnx")
+    # From the original, greedy's graph runs about 25% faster than its start graph, so both the
+    # search and the replay keep it whatever the noise (from onnxruntime's graph the margin is
+    # about 1%, and a replay measured slower there is rightly not kept).
+    args = (
+        "--method",
+        "greedy",
+        "--start",
+        "original",
+        "--no-peer",
+        "-o",
+        str(tmp_path / "g.onnx"),
     )
+    summary, _ = optimize_json(capsys, "squeezenet-1.1", *args)
     assert summary["steps"] > 0  # something to replay
     record.write_text(json.dumps(summary))
     out = tmp_path / "replayed.onnx"
