@@ -19,7 +19,9 @@
 #          model, the results recorded elsewhere in DIR/MODEL/*.json (`rlflow optimize --json`
 #          records, e.g. of a search ranked by this GPU's table on a CPU machine, or of an agent
 #          trained there) as `replay:` methods: their models are too large to carry, their
-#          episodes are not. A model then gets its own report, bench-offline-MODEL.
+#          episodes are not. A model then gets its own report, bench-DEPLOYS-MODEL (DEPLOYS:
+#          offline, or e.g. offline,online to time each result under onnxruntime's optimiser
+#          too).
 #
 # RLFLOW (default: `python3 -m rlflow.cli`) runs rlflow; MODELS, SIZE (full), STEPS (20),
 # JOBS (6), MIN_TIME (timed seconds per graph in `error` and `bench`; default adaptive), START
@@ -71,17 +73,17 @@ table_error() {
         --provider "$provider" --table "$table" "${min_time[@]}" --out "$runs/table-vs-e2e"
 }
 
-bench_offline() {  # bench_offline NAME MODEL...: METHODS (and replays) on the models, offline
-    local name=$1 replays=()
+bench_methods() {  # bench_methods NAME MODEL...: METHODS (and replays) on the models, DEPLOYS
+    local name=$1 replays=() deploys=${DEPLOYS:-offline}
     shift
     if [ -n "${REPLAYS:-}" ]; then
         for record in "$REPLAYS/$1"/*.json; do [ -f "$record" ] && replays+=("replay:$record"); done
     fi
     [ $((${#methods[@]} + ${#replays[@]})) -gt 0 ] || return 0
     rlflow bench --models "$@" --size "$size" --provider "$provider" \
-        --methods "${methods[@]}" "${replays[@]}" --deploys offline --cost "$cost" \
-        ${START:+--start "$START"} "${min_time[@]}" --out "$runs/bench-offline-$name" \
-        > "$runs/bench-offline-$name.log" 2>&1
+        --methods "${methods[@]}" "${replays[@]}" --deploys "$deploys" --cost "$cost" \
+        ${START:+--start "$START"} "${min_time[@]}" --out "$runs/bench-${deploys//,/-}-$name" \
+        > "$runs/bench-${deploys//,/-}-$name.log" 2>&1
 }
 
 bench() {
@@ -93,9 +95,9 @@ bench() {
         [ ${#members[@]} -gt 0 ] || continue
         (
             if [ -n "${REPLAYS:-}" ]; then  # each model its own methods
-                for model in "${members[@]}"; do bench_offline "$model" "$model"; done
+                for model in "${members[@]}"; do bench_methods "$model" "$model"; done
             else
-                bench_offline "$index" "${members[@]}"
+                bench_methods "$index" "${members[@]}"
             fi
             [ "${ONLINE:-1}" = 0 ] || rlflow bench --models "${members[@]}" --size "$size" \
                 --provider "$provider" --methods taso --deploys online --no-peer "${min_time[@]}" \

@@ -15,10 +15,13 @@
 # MIN_TIME (timed seconds per graph in the bench, 0.3) and COST (what ranks the bench's searches,
 # default the table) and METHODS (greedy taso; `agent:RUN_DIR` for a carried run) as in
 # scripts/bench_gpu.sh; TABLE_SHARE (35) is the percentage of the time left that the table may
-# take (NO_TABLE=1: no table, and no table error stage), BENCH_MODELS (MODELS) the models the bench
-# runs (REPLAYS=DIR: with the results recorded elsewhere in DIR/MODEL/*.json, replayed and timed
-# here, scripts/bench_gpu.sh; that bench needs no table and starts at once), PROBE=1 adds
-# scripts/probe_fusedconv.py before the bench. The gpu-marked tests run beside the table (every
+# take (NO_TABLE=1: no table collected; the table error stage runs on TABLE_FROM if given),
+# BENCH_MODELS (MODELS) the models the bench runs (REPLAYS=DIR: with the results recorded
+# elsewhere in DIR/MODEL/*.json, replayed and timed here, scripts/bench_gpu.sh, under DEPLOYS;
+# that bench needs no table and starts at once), PROBE=1 adds scripts/probe_fusedconv.py before
+# the bench (PROBE_MODELS: and its --model probe of each). AT_REST=1 runs every stage alone,
+# one after another, so that no timing shares the CPU with another stage's work (a GPU graph of
+# many small kernels runs slower while the CPU that launches them is loaded). The gpu-marked tests run beside the table (every
 # GPU timing of either holds the timing lock). The table is written as $RUNS/<gpu>.json; TABLE_FROM
 # names one brought back by an earlier lease (carried) for `costs collect` to resume. rlflow's
 # caches live in $RUNS/cache and come back too: every operator timed, finished model or not
@@ -73,9 +76,14 @@ PY
 head -1 "$runs/rules.txt"
 
 export MIN_TIME=${MIN_TIME:-0.3} BENCH_GROUPS=5 PROVIDER=$provider
-if [ -n "${REPLAYS:-}" ]; then
+# Run a later stage alone (AT_REST=1) or beside the ones after it.
+later() { if [ "${AT_REST:-0}" = 1 ]; then "$@"; else "$@" & fi; }
+replay_bench() {  # replay_bench SHARE
+    MODELS=${BENCH_MODELS:-$MODELS} TABLE=$table stage "$1" scripts/bench_gpu.sh "$runs" bench
+}
+if [ -n "${REPLAYS:-}" ] && [ "${AT_REST:-0}" != 1 ]; then
     say "bench of the replays (${BENCH_MODELS:-$MODELS}), beside everything after it"
-    MODELS=${BENCH_MODELS:-$MODELS} TABLE=$table stage 95 scripts/bench_gpu.sh "$runs" bench &
+    replay_bench 95 &
 fi
 
 say "check: versions; gpu-marked tests beside the table"
@@ -102,17 +110,30 @@ if [ "${PROBE:-0}" = 1 ]; then
     say "FusedConv against Conv+Relu, alone and in chains"
     stage 10 python3 scripts/probe_fusedconv.py --provider "$provider" --out "$runs/fusedconv.json" \
         > "$runs/fusedconv.txt" 2>&1
+    for model in ${PROBE_MODELS:-}; do
+        say "FusedConv in $model"
+        stage 15 python3 scripts/probe_fusedconv.py --provider "$provider" --model "$model" \
+            --model-size "$SIZE" --out "$runs/fusedconv-$model.json" >> "$runs/fusedconv.txt" 2>&1
+    done
     cat "$runs/fusedconv.txt"
 fi
 
-say "side by side: noise floor, table vs end to end, bench (5 groups)"
-[ "${NOISE:-1}" = 0 ] || (for model in "${models[@]}"; do
-    python3 -m rlflow.cli measure "$model" --size "$SIZE" --vs "$model" --provider "$provider" \
-        --json > "$runs/self-$model.json" 2>> "$runs/self.log"
-done) &
-[ "${NO_TABLE:-0}" = 1 ] || TABLE=$table stage 90 scripts/bench_gpu.sh "$runs" error &
+noise_floor() {
+    for model in "${models[@]}"; do
+        python3 -m rlflow.cli measure "$model" --size "$SIZE" --vs "$model" --provider "$provider" \
+            --json > "$runs/self-$model.json" 2>> "$runs/self.log"
+    done
+}
+if [ "${AT_REST:-0}" = 1 ]; then
+    say "one at a time: bench, table vs end to end, noise floor"
+else
+    say "side by side: noise floor, table vs end to end, bench (5 groups)"
+fi
+[ -z "${REPLAYS:-}" ] || [ "${AT_REST:-0}" != 1 ] || replay_bench 50
 [ -n "${REPLAYS:-}" ] || MODELS=${BENCH_MODELS:-$MODELS} TABLE=$table \
-    stage 90 scripts/bench_gpu.sh "$runs" bench &
+    later stage 90 scripts/bench_gpu.sh "$runs" bench
+[ ! -f "$table" ] || TABLE=$table later stage 90 scripts/bench_gpu.sh "$runs" error
+[ "${NOISE:-1}" = 0 ] || later noise_floor
 while [ "$(left)" -gt 15 ] && [ -n "$(jobs -rp | grep -vx "$packer")" ]; do sleep 5; done
 say "done (or out of time)"
 kill $(jobs -rp) 2> /dev/null

@@ -10,7 +10,13 @@ or one FusedConv with activation Relu, the same weights) at one shape, run as wr
 operator timed alone, net of onnxruntime's per-run overhead, which is counted once) beside
 their end-to-end ratio (`Runner.compare`, interleaved in one run). JSON rows go to --out.
 
+--model NAME asks the same of a zoo model: onnxruntime's graph of it for the provider (level
+all, run as written), and that graph with its Relu(Conv) and Relu(Add(Conv, z)) sites fused
+(each kind alone, then both), timed against the original under onnxruntime's defaults,
+interleaved, with each graph's per-op sum and its largest difference from the original.
+
     python scripts/probe_fusedconv.py --provider cuda --out fusedconv.json
+    python scripts/probe_fusedconv.py --provider cuda --model resnet-18 --out fc-resnet-18.json
 """
 
 from __future__ import annotations
@@ -22,9 +28,14 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from rlflow import zoo
 from rlflow.cost import OrtSettings, PerOpCostModel, Runner
+from rlflow.cost.equivalence import check_equivalence
+from rlflow.cost.ort_optimizer import start_state
 from rlflow.graph import Graph, load_model
 from rlflow.graph.shapes import max_ort_ir_version
+from rlflow.rewrite.rule import Rule
+from rlflow.rewrite.rules.fusedconv import ConvAddReluToFusedConv, ConvReluToFusedConv
 
 
 def chain(blocks: int, channels: int, size: int, fused: bool) -> Graph:
@@ -67,6 +78,62 @@ def chain(blocks: int, channels: int, size: int, fused: bool) -> Graph:
     return load_model(model)
 
 
+def fused_everywhere(graph: Graph, rules: list[Rule]) -> tuple[Graph, int]:
+    """`graph` with every site of `rules` rewritten, and how many rewrites that took."""
+    applied = 0
+    for rule in rules:
+        while (site := next(iter(rule.sites(graph)), None)) is not None:
+            graph = rule.apply(graph, site)
+            applied += 1
+    return graph, applied
+
+
+def probe_model(name: str, size: str, settings: OrtSettings, runner: Runner) -> list[dict]:
+    """The zoo model's onnxruntime graph (`ort:all`, BatchNorms folded, for this provider) with
+    its Conv+Relu sites fused, by kind, against the original under onnxruntime's defaults."""
+    original = load_model(zoo.cached_path(name, size))
+    base = start_state(original, "ort:all", settings).graph
+    kinds = {
+        "conv-relu": [ConvReluToFusedConv()],
+        "conv-add-relu": [ConvAddReluToFusedConv()],
+        "both": [ConvAddReluToFusedConv(), ConvReluToFusedConv()],
+    }
+    graphs, fusions = {"original (defaults)": original, "ort:all as written": base}, {}
+    for kind, rules in kinds.items():
+        graphs[kind], fusions[kind] = fused_everywhere(base, rules)
+    defaults = OrtSettings(threads=1, ort_level="all", provider=settings.provider).resolved()
+    # None: the settings a graph declares (every graph but the original runs as written).
+    comparison = runner.compare(list(graphs.values()), settings=[defaults] + [None] * 4)
+    perop = PerOpCostModel(settings)
+    rows = []
+    print(f"{name}:{size} on {settings.provider}; speedups over the original under the defaults")
+    print("graph | FusedConv added | per-op ms | e2e ms | speedup | max abs err")
+    for index, (label, graph) in enumerate(graphs.items()):
+        error = 0.0
+        if index > 0:
+            report = check_equivalence(original, graph, provider=settings.provider)
+            if not report.equivalent:
+                raise SystemExit(f"{label}: not equivalent to the original: {report.reason}")
+            error = report.max_abs_err
+        row = {
+            "model": f"{name}:{size}",
+            "graph": label,
+            "fusedconv_added": fusions.get(label, 0),
+            "perop_ms": None if index == 0 else perop.cost_ms(graph),
+            "e2e_ms": comparison.scaled_ms[index],
+            "speedup": comparison.speedups[index],
+            "max_abs_error": error,
+            "provider": settings.provider,
+        }
+        rows.append(row)
+        perop_ms = "-" if row["perop_ms"] is None else f"{row['perop_ms']:.4f}"
+        print(
+            f"{label} | {row['fusedconv_added']} | {perop_ms} | {row['e2e_ms']:.4f} | "
+            f"{row['speedup']:.3f}x | {error:.1e}"
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"))
@@ -74,11 +141,18 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--size", type=int, default=56)
     parser.add_argument("--min-time", type=float, default=0.3, help="timed seconds per graph")
+    parser.add_argument("--model", help="a zoo model whose Conv+Relu sites to fuse instead")
+    parser.add_argument("--model-size", default="full", choices=("small", "medium", "full"))
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     settings = OrtSettings(threads=1, ort_level="disable", provider=args.provider).resolved()
     perop = PerOpCostModel(settings)
     runner = Runner(settings, min_time_s=args.min_time)
+    if args.model:
+        rows = probe_model(args.model, args.model_size, settings, runner)
+        if args.out:
+            args.out.write_text(json.dumps(rows, indent=1))
+        return
     rows = []
     print(f"provider {settings.provider}; 1x{args.channels}x{args.size}x{args.size}, 3x3 convs")
     print(
