@@ -21,10 +21,12 @@
 # that bench needs no table and starts at once), PROBE=1 adds scripts/probe_fusedconv.py before
 # the bench (PROBE_MODELS: and its --model probe of each). AT_REST=1 runs every stage alone,
 # one after another, so that no timing shares the CPU with another stage's work (a GPU graph of
-# many small kernels runs slower while the CPU that launches them is loaded). The gpu-marked tests run beside the table (every
-# GPU timing of either holds the timing lock). The table is written as $RUNS/<gpu>.json; TABLE_FROM
-# names one brought back by an earlier lease (carried) for `costs collect` to resume. rlflow's
-# caches live in $RUNS/cache and come back too: every operator timed, finished model or not
+# many small kernels runs slower while the CPU that launches them is loaded). The gpu-marked
+# tests run beside the table (every GPU timing of either holds the timing lock). The table is
+# written as $RUNS/<gpu>.json; TABLE_FROM names one brought back by an earlier lease (carried)
+# for `costs collect` to resume. The zoo's export can start in the first of the calls that copy
+# the wheel's parts (scripts/gpu_prebuild.sh start); this waits for it. rlflow's caches live in
+# $RUNS/cache and come back too: every operator timed, finished model or not
 # (cache/perop.sqlite; its keys name the GPU); CACHE_FROM names such a file to start from.
 set -uo pipefail
 deadline=$(($(date +%s) + ${1:?usage: scripts/gpu_lease.sh SECONDS}))
@@ -50,6 +52,7 @@ if [ "$provider" = cuda ]; then
     cat "$runs/unpack.txt"
 fi
 export PYTHONUNBUFFERED=1 RLFLOW_TIMING_LOCK=$runs/timing.lock RLFLOW_CACHE_DIR=$runs/cache
+RUNS=$runs scripts/gpu_prebuild.sh wait  # the zoo's export, if an earlier call started one
 mkdir -p "$RLFLOW_CACHE_DIR"
 [ -z "${CACHE_FROM:-}" ] || cp "$CACHE_FROM" "$RLFLOW_CACHE_DIR/perop.sqlite"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)
