@@ -420,6 +420,7 @@ class OptimizeResult:
             "peer_speedup": self.peer.speedup if self.peer else None,
             "peer_knob": self.peer.knob if self.peer else None,
             "peer_speedups": self.peer.speedups if self.peer else None,
+            "peer_selected": self.peer.selected if self.peer else None,
             "deploy": self.deploy.mode,
             "ort_config": json.loads(metadata[ORT_CONFIG_KEY])
             if ORT_CONFIG_KEY in metadata

@@ -79,12 +79,11 @@ def chain(blocks: int, channels: int, size: int, fused: bool) -> Graph:
 
 
 def fused_everywhere(graph: Graph, rules: list[Rule]) -> tuple[Graph, int]:
-    """`graph` with every site of `rules` rewritten, and how many rewrites that took."""
+    """`graph` with every site of each of `rules` rewritten, and how many rewrites that took."""
     applied = 0
     for rule in rules:
-        while (site := next(iter(rule.sites(graph)), None)) is not None:
-            graph = rule.apply(graph, site)
-            applied += 1
+        graph, sites = rule.apply_everywhere(graph)
+        applied += sites
     return graph, applied
 
 

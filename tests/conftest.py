@@ -71,12 +71,16 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
     return feeds
 
 
-def apply_everywhere(rule, graph):
-    """Apply `rule` at its first site until it has none; (the graph, how many times)."""
-    count = 0
-    while (match := next(iter(rule.sites(graph)), None)) is not None:
-        graph, count = rule.apply(graph, match), count + 1
-    return graph, count
+def assert_peer_confirmed(knob, speedup, speedups, selected):
+    """A tuning peer (`rlflow.cost.ort_optimizer.Peer`, or a summary's peer_* fields): the best
+    knob of the selection run, its speedup from the confirmation run, or the default itself at
+    1.0 where the default was best or the confirmation found the knob no faster."""
+    best = max(speedups, key=speedups.__getitem__)
+    if selected is None:  # the default itself was best: nothing to confirm
+        assert best == knob == "all" and speedup == 1.0
+    else:
+        assert selected == speedups[best] > 1.0
+        assert (knob, speedup) == ("all", 1.0) or (knob == best and speedup > 1.0)
 
 
 @pytest.fixture

@@ -470,6 +470,7 @@ def bench_model(
             "knob": peer.knob,
             "speedup": peer.speedup,
             "speedups": peer.speedups,
+            "selected": peer.selected,
             "loadavg": list(os.getloadavg()),
         }
         save()

@@ -311,9 +311,17 @@ def print_summary(summary: Mapping[str, Any]) -> None:
             if ratio > 1.0
             else "rlflow does not beat it"
         )
+        selected = summary.get("peer_selected")
+        confirmation = (
+            ""
+            if selected is None
+            else f" (the best of the first run, {selected:.3f}x, not confirmed in a second)"
+            if summary["peer_knob"] == "all"
+            else f" (confirmed in a second run; the first said {selected:.3f}x)"
+        )
         print(
             f"tuning peer: onnxruntime's best knob on the original, {summary['peer_knob']}, "
-            f"{summary['peer_speedup']:.3f}x: {verdict}"
+            f"{summary['peer_speedup']:.3f}x{confirmation}: {verdict}"
         )
     changed = {op: row for op, row in summary["fusions"].items() if row["dropped"] or row["added"]}
     if summary["fusions"]:

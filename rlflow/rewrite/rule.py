@@ -241,6 +241,18 @@ class Rule:
         """The rewritten graph; raises RewriteRejected if the result would be invalid."""
         return apply_replacement(graph, match, self.rewrite(graph, match))
 
+    def apply_everywhere(self, graph: Graph, max_sites: int | None = None) -> tuple[Graph, int]:
+        """`graph` rewritten at its first site until it has none, or `max_sites` times (a rule
+        whose result has a site again, slice-hoist's one op further up, would go on), and how
+        many rewrites that took: what one rule is worth on a whole model."""
+        applied = 0
+        while max_sites is None or applied < max_sites:
+            match = next(iter(self.sites(graph)), None)
+            if match is None:
+                break
+            graph, applied = self.apply(graph, match), applied + 1
+        return graph, applied
+
     def derive(self, graph: Graph, match: Match) -> Derivation:
         """`apply` without building the graph yet: the result's hash and size now, and the
         same graph as `apply`'s from `.graph()`; raises RewriteRejected where `apply` does."""

@@ -14,7 +14,6 @@ from rlflow.graph.domains import MS_DOMAIN
 from rlflow.rewrite.rules.attention import AttentionFusion, AttentionFusionReverse
 from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
-from tests.conftest import apply_everywhere
 
 FUSE, UNFUSE = AttentionFusion(), AttentionFusionReverse()
 # Attention layers of each small zoo transformer (the transducer: 2 audio + 1 label layers).
@@ -36,7 +35,7 @@ def test_attention_rules_pass_verification(rule):
 def test_every_attention_layer_fuses_and_unfuses(name, start):
     original = load_model(cached_path(name, "small"))
     graph = start_state(original, start, OrtSettings()).graph
-    fused, count = apply_everywhere(FUSE, graph)
+    fused, count = FUSE.apply_everywhere(graph)
     assert count == LAYERS[name] == len(attention_nodes(fused))
     causal = [n.attr("unidirectional", 0) for n in attention_nodes(fused)]
     masked = {"bert": 0, "vit-base": 0, "mini-dalle": 2, "transformer-transducer": 1}[name]
@@ -44,11 +43,11 @@ def test_every_attention_layer_fuses_and_unfuses(name, start):
     report = check_equivalence(original, fused)
     assert report.equivalent, report.reason
 
-    unfused, count = apply_everywhere(UNFUSE, fused)
+    unfused, count = UNFUSE.apply_everywhere(fused)
     assert count == LAYERS[name] and not attention_nodes(unfused)
     report = check_equivalence(original, unfused)
     assert report.equivalent, report.reason
-    refused, _ = apply_everywhere(FUSE, unfused)
+    refused, _ = FUSE.apply_everywhere(unfused)
     assert refused.canonical_hash() == fused.canonical_hash()
 
 

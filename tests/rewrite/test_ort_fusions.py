@@ -210,3 +210,20 @@ def test_skip_layernorm_with_bias_and_read_sum_comes_back():
     assert Counter(n.op_type for n in restored.nodes) == Counter(n.op_type for n in graph.nodes)
     assert_equivalent(graph, fused)
     assert_equivalent(graph, restored)
+
+
+def test_a_rule_applied_everywhere_fuses_every_residual_block(tmp_path):
+    """`Rule.apply_everywhere` on ResNet-18's BatchNorm-folded graph: Relu(Add(Conv, z)) at every
+    residual block, then Relu(Conv) at every other Conv, and `max_sites` stops it early."""
+    graph = ort_graph(cached_path("resnet-18", "small"), "basic", tmp_path)
+    residual, plain = RULES["conv-add-relu-to-fusedconv"], RULES["conv-relu-to-fusedconv"]
+    adds = op_counts(graph)[("", "Add")]
+    fused, sites = residual.apply_everywhere(graph)
+    assert sites == adds > 0 and op_counts(fused)[("", "Add")] == 0
+    both, more = plain.apply_everywhere(fused)
+    assert more == op_counts(graph)[("", "Relu")] - adds > 0
+    assert op_counts(both)[(MS_DOMAIN, "FusedConv")] == sites + more
+    assert not list(residual.sites(both)) and not list(plain.sites(both))
+    assert_equivalent(graph, both)
+    once, one = residual.apply_everywhere(graph, max_sites=1)
+    assert one == 1 and op_counts(once)[("", "Add")] == adds - 1
