@@ -296,6 +296,7 @@ def _how_measured(summary: Mapping[str, Any]) -> str:
 
 def print_summary(summary: Mapping[str, Any]) -> None:
     """The human form of `OptimizeResult.summary`: before/after, speedup, rules, wall time."""
+    out = summary.get("output") or "the result"
     print(f"{'':<14}{'original':>12}{'optimized':>12}")
     print(f"{'latency ms':<14}{summary['original_ms']:>12.3f}{summary['optimized_ms']:>12.3f}")
     print(f"{'nodes':<14}{summary['original_nodes']:>12}{summary['optimized_nodes']:>12}")
@@ -352,19 +353,19 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         target = summary["target"] or {}
         block = f", NCHWc block {target['nchwc_block']}" if target.get("nchwc_block") else ""
         print(
-            f"deploy offline: OUT runs as written (ort_config: optimiser off), tuned for "
+            f"deploy offline: {out} runs as written (ort_config: optimiser off), tuned for "
             f"{target.get('provider', summary['provider'])}{block}; started from "
             f"{summary['start_state']}"
         )
     else:
-        print("deploy online: onnxruntime optimises OUT again when it loads it (level all)")
+        print(f"deploy online: onnxruntime optimises {out} again when it loads it (level all)")
     print(
         f"settings: {summary['threads']} thread(s), ort-level {summary['ort_level']} for the "
         f"original, provider {summary['provider']}"
     )
     print(f"equivalent: yes, max abs error {summary['max_abs_err']:.2e} ({summary['check']})")
     print(f"inputs drawn: {_inputs_drawn(summary['inputs_drawn'])}")
-    for line in _interface_lines(summary["interface"]):
+    for line in _interface_lines(summary["interface"], out):
         print(line)
     if summary.get("output"):
         print(f"wrote {summary['output']}")
@@ -386,21 +387,22 @@ def _inputs_drawn(drawn: Mapping[str, Mapping[str, Any]]) -> str:
     return "; ".join(parts) or "none (the model takes no inputs)"
 
 
-def _interface_lines(interface: Mapping[str, Any] | None) -> list[str]:
-    """What OUT keeps of the original's interface: weights listed as inputs, dynamic dims."""
+def _interface_lines(interface: Mapping[str, Any] | None, out: str) -> list[str]:
+    """What the model written (`out`) keeps of the original's interface: weights listed as
+    inputs, dynamic dims."""
     if interface is None:
         return []
     lines = []
     if interface["initializer_inputs"]:
         names = ", ".join(interface["initializer_inputs"])
         lines.append(
-            f"weights listed as inputs stay inputs of OUT, their values the defaults: {names} "
+            f"weights listed as inputs stay inputs of {out}, their values the defaults: {names} "
             "(--fold-initializer-inputs makes them constants)"
         )
     if interface["folded_initializer_inputs"]:
         names = ", ".join(interface["folded_initializer_inputs"])
         lines.append(
-            f"weights listed as inputs folded into constants: {names}; OUT does not take them"
+            f"weights listed as inputs folded into constants: {names}; {out} does not take them"
         )
     dims = interface["dynamic_dims"]
     general = {symbol: dim for symbol, dim in dims.items() if dim["general"]}
@@ -411,7 +413,7 @@ def _interface_lines(interface: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"dynamic dims kept: {', '.join(general)} (equal to the original at {checks})")
     for symbol, size in interface["specialised"].items():
         lines.append(
-            f"SPECIALISED: OUT fixes dim {symbol} at {size}, the size it was given: "
+            f"SPECIALISED: {out} fixes dim {symbol} at {size}, the size it was given: "
             f"{dims[symbol]['reason']}"
         )
     return lines
