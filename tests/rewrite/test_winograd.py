@@ -19,7 +19,6 @@ from rlflow.rewrite.rules.winograd import (
 )
 from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
-from tests.conftest import apply_everywhere
 
 WINOGRAD, BLOCKED = ConvToWinograd(), BlockedConvToWinograd()
 needs_nchwc = pytest.mark.skipif(
@@ -64,7 +63,7 @@ def test_every_3x3_stride_1_conv_of_a_zoo_cnn_is_a_site(model, sites):
         and node.attr("group", 1) == 1
     ]
     assert len(eligible) == sites  # ResNeXt's 3x3 Convs are grouped
-    rewritten, count = apply_everywhere(WINOGRAD, graph)
+    rewritten, count = WINOGRAD.apply_everywhere(graph)
     assert count == sites
     if sites:
         assert check_equivalence(graph, rewritten).equivalent
@@ -76,7 +75,7 @@ def test_in_onnxruntime_blocked_graph_every_blocked_3x3_conv_is_a_site():
     graph = start_state(original, "ort:all", OrtSettings()).graph
     assert list(WINOGRAD.sites(graph)) == []  # every Conv is blocked
     # ResNet-18's 3x3 stride-1 Convs: 4 in the first stage, 3 in each other.
-    rewritten, count = apply_everywhere(BLOCKED, graph)
+    rewritten, count = BLOCKED.apply_everywhere(graph)
     assert count == 13
     assert sum(node.op_type == "DepthToSpace" for node in rewritten.nodes) == 13
     assert check_equivalence(original, rewritten).equivalent
