@@ -87,7 +87,9 @@ def fused_everywhere(graph: Graph, rules: list[Rule]) -> tuple[Graph, int]:
     return graph, applied
 
 
-def probe_model(name: str, size: str, settings: OrtSettings, runner: Runner) -> list[dict]:
+def probe_model(
+    name: str, size: str, settings: OrtSettings, runner: Runner, perop: PerOpCostModel
+) -> list[dict]:
     """The zoo model's onnxruntime graph (`ort:all`, BatchNorms folded, for this provider) with
     its Conv+Relu sites fused, by kind, against the original under onnxruntime's defaults."""
     original = load_model(zoo.cached_path(name, size))
@@ -102,8 +104,9 @@ def probe_model(name: str, size: str, settings: OrtSettings, runner: Runner) -> 
         graphs[kind], fusions[kind] = fused_everywhere(base, rules)
     defaults = OrtSettings(threads=1, ort_level="all", provider=settings.provider).resolved()
     # None: the settings a graph declares (every graph but the original runs as written).
-    comparison = runner.compare(list(graphs.values()), settings=[defaults] + [None] * 4)
-    perop = PerOpCostModel(settings)
+    comparison = runner.compare(
+        list(graphs.values()), settings=[defaults] + [None] * (len(graphs) - 1)
+    )
     rows = []
     print(f"{name}:{size} on {settings.provider}; speedups over the original under the defaults")
     print("graph | FusedConv added | per-op ms | e2e ms | speedup | max abs err")
@@ -148,7 +151,7 @@ def main() -> None:
     perop = PerOpCostModel(settings)
     runner = Runner(settings, min_time_s=args.min_time)
     if args.model:
-        rows = probe_model(args.model, args.model_size, settings, runner)
+        rows = probe_model(args.model, args.model_size, settings, runner, perop)
         if args.out:
             args.out.write_text(json.dumps(rows, indent=1))
         return
