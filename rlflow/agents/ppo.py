@@ -61,6 +61,8 @@ PRE_VECTOR_DEFAULTS: dict[str, Any] = {
     "num_steps": None,
 }
 """What a run saved before these settings existed ran with: its saved config reads as such."""
+PRE_DEMO_DEFAULTS: dict[str, Any] = {"demos": [], "demo_epochs": 500}
+"""A run saved before demonstrations existed imitated none."""
 ENV_FIELDS = (
     "size",
     "cost",
@@ -107,6 +109,8 @@ class PPOConfig:
     layers: int = 3  # GATv2 layers of the encoder
     heads: int = 4  # attention heads per GATv2 layer
     init_from: str | None = None  # a PPO run whose network this one starts from (fine-tuning)
+    demos: list[str] = field(default_factory=list)  # recorded episodes imitated first
+    demo_epochs: int = 500  # behaviour-cloning passes over the demos before the first rollout
 
     # ---- the algorithm (the update's knobs: rlflow.agents.update.UpdateConfig)
     seed: int = 0  # seed of torch, numpy and the env's model draws
@@ -171,16 +175,19 @@ class PPOConfig:
                 raise RlflowError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.horizon < 1:
             raise RlflowError(f"horizon must be at least 1, got {self.horizon}")
+        if self.demo_epochs < 0:
+            raise RlflowError(f"demo_epochs must be at least 0, got {self.demo_epochs}")
+        self.demos = [str(path) for path in self.demos]
         if self.hidden % self.heads:
             raise RlflowError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
 
 
 def saved_config(values: dict[str, Any]) -> dict[str, Any]:
     """A config a run saved (config.yaml, a checkpoint), with the settings it predates read
-    as what it ran with (`PRE_VECTOR_DEFAULTS`), not as today's defaults."""
+    as what it ran with (`PRE_VECTOR_DEFAULTS`, `PRE_DEMO_DEFAULTS`), not as today's defaults."""
     if "num_envs" in values:
-        return dict(values)
-    return {**PRE_VECTOR_DEFAULTS, **values}
+        return {**PRE_DEMO_DEFAULTS, **values}
+    return {**PRE_VECTOR_DEFAULTS, **PRE_DEMO_DEFAULTS, **values}
 
 
 def make_env(config: PPOConfig) -> GraphRewriteEnv:
@@ -349,10 +356,17 @@ def _train_in(
         np.random.set_state(resumed["numpy_rng"])
         progress_log = _progress_until(read_json(run_dir / "progress.json"), global_step)
 
+    if resumed is None and config.demos:
+        from rlflow.agents.demos import imitate
+
+        progress_log["demos"] = imitate(scorer, config)
     save_run_config(run_dir, "ppo", config.to_dict())
     # purge_step: TensorBoard drops what a killed run logged after its last checkpoint.
     writer = TensorBoard(run_dir, purge_step=global_step + 1 if resumed else None)
     writer.text("hyperparameters", _hyperparameter_table(config), global_step)
+    if resumed is None and "demos" in progress_log:
+        writer.scalar("demos/accuracy", progress_log["demos"]["accuracy"], 0)
+        writer.scalar("demos/mean_logprob", progress_log["demos"]["mean_logprob"], 0)
     print(f"tensorboard --logdir {run_dir}", file=sys.stderr)
     if resumed is not None:
         print(f"resuming {run_dir} at step {global_step} (update {update})", file=sys.stderr)

@@ -90,6 +90,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--model; same rule set and network settings)",
     )
     parser.add_argument(
+        "--demo",
+        "--demos",
+        dest="demo",
+        nargs="+",
+        metavar="RESULT.json",
+        help="recorded episodes (rlflow optimize --json) the policy imitates before PPO starts "
+        "(behaviour cloning; a fresh run only)",
+    )
+    parser.add_argument(
+        "--demo-epochs", type=int, metavar="N", help="passes over the demos (default 500)"
+    )
+    parser.add_argument(
         "--portable", action="store_true", default=None, help="only standard-ONNX rules"
     )
     rerun = parser.add_mutually_exclusive_group()
@@ -128,6 +140,8 @@ FLAG_FIELDS = {
     "horizon": "horizon",
     "portable": "portable",
     "init_from": "init_from",
+    "demo": "demos",
+    "demo_epochs": "demo_epochs",
 }
 """argparse destination -> PPOConfig field, for the flags that override the config."""
 
@@ -196,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from and not (Path(args.init_from) / CHECKPOINT).is_file():
         raise RlflowError(f"--init-from: no PPO checkpoint at {Path(args.init_from) / CHECKPOINT}")
 
+    if args.demo:
+        from rlflow.agents.demos import read_demos
+
+        read_demos(args.demo)  # a file without an episode: one line, before any work
     from rlflow.agents.ppo import load_checkpoint, train
 
     configs = {}

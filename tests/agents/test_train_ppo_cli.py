@@ -157,3 +157,25 @@ def test_init_from_fine_tunes_another_runs_network(tmp_path, capsys) -> None:
         "its network has another shape",
         "hidden 16, this run 64",
     )
+
+
+def test_demo_flag_imitates_a_recorded_episode_and_refuses_a_file_without_one(
+    tmp_path, capsys
+) -> None:
+    from tests.agents.test_demos import record_walk
+
+    demo = tmp_path / "walk.json"
+    record_walk(demo, steps=2)
+    out = tmp_path / "run"
+    flags = ("--total-steps", "5", "--demo", str(demo), "--demo-epochs", "3")
+    code, _, stderr = rlflow(capsys, "train-ppo", *TINY, "--out", str(out), *flags)
+    assert code == 0, stderr
+    assert "imitated 1 demo(s): 2 of 2 recorded steps" in stderr
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["demos"] == [str(demo)] and saved["demo_epochs"] == 3
+
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    result = rlflow(capsys, "train-ppo", *TINY, "--out", str(tmp_path / "x"), "--demo", str(empty))
+    assert_one_line_error(result, "holds no episode")
+    assert not (tmp_path / "x").exists()

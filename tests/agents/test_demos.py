@@ -1,0 +1,92 @@
+"""Behaviour cloning from recorded episodes: a PPO run that starts on a search's path."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+
+import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
+from rlflow.agents.demos import clone, fit, read_demos, walk_demos
+from rlflow.agents.evaluate import agent_rollouts
+from rlflow.agents.policy import PPOPolicy
+from rlflow.agents.ppo import PPOConfig, make_env, make_scorer, train
+from rlflow.envs import GRAPH_REWRITE_ID
+from rlflow.errors import RlflowError
+from tests.agents.test_ppo import scalars, tiny_config
+
+
+def record_walk(path, steps: int, seed: int = 3, **env_options) -> list[tuple[str, tuple]]:
+    """A random walk of `steps` rewrites on resnet-18 (small), written as `rlflow optimize
+    --json` records its episode; returns its (rule, site) steps."""
+    options = dict(cost="analytic", deploy="online", max_candidates=4, horizon=5)
+    options.update(env_options)
+    env = gym.make(GRAPH_REWRITE_ID, models=["resnet-18"], disable_env_checker=True, **options)
+    env.reset(seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        offered = len(env.unwrapped.offered_candidates())
+        env.step(int(torch.randint(offered, (1,), generator=generator)))
+    state = env.unwrapped.episode_state()
+    env.close()
+    path.write_text(json.dumps({"episode": state.to_json(), "start_state": "original"}))
+    return [(action.rule, tuple(action.site)) for action in state.actions]
+
+
+def test_cloned_policy_walks_the_demonstrated_path_and_stops(tmp_path) -> None:
+    demo = tmp_path / "walk.json"
+    walked = record_walk(demo, steps=3)
+    config = tiny_config(demos=[str(demo)], seed=1)
+    env = make_env(config)
+    rule_names = list(env.unwrapped.rule_names)
+    scorer = make_scorer(config, len(rule_names))
+    demos = walk_demos(env, read_demos(config.demos), scorer, gamma=config.gamma)
+    env.close()
+    # three rewrites, then the stop the walk ended with
+    assert (demos.recorded_steps, demos.kept_steps, len(demos)) == (3, 3, 4)
+    assert demos.actions[-1] == config.max_candidates
+    before, _ = fit(scorer, demos)
+    stats = clone(
+        scorer, demos, epochs=100, learning_rate=0.01, minibatch_size=16, vf_coef=0.5, seed=0
+    )
+    assert stats["accuracy"] == 1.0 and before < 1.0, (before, stats)
+    policy = PPOPolicy(scorer, config.env_kwargs(), rule_names)
+    greedy = agent_rollouts(policy, "resnet-18", episodes=1)[0].final
+    assert [(action.rule, tuple(action.site)) for action in greedy.actions] == walked
+
+
+def test_fresh_run_imitates_its_demos_and_says_how_well(tmp_path) -> None:
+    demo = tmp_path / "walk.json"
+    record_walk(demo, steps=3)
+    config = tiny_config(demos=[str(demo)], learning_rate=0.01, seed=1)
+    train(config, tmp_path / "run", progress=False)
+    progress = json.loads((tmp_path / "run" / "progress.json").read_text())
+    assert progress["demos"]["files"] == [str(demo)]
+    assert progress["demos"]["states"] == 4 and progress["demos"]["accuracy"] == 1.0
+    assert "demos/accuracy" in scalars(tmp_path / "run")
+    # a rerun continues the run; it does not imitate again
+    config.total_steps = 40
+    train(config, tmp_path / "run", progress=False)
+    resumed = json.loads((tmp_path / "run" / "progress.json").read_text())
+    assert resumed["global_step"] == 40 and resumed["demos"] == progress["demos"]
+
+
+def test_demo_errors_are_one_line(tmp_path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    with pytest.raises(RlflowError, match="demo .*holds no episode"):
+        read_demos([str(empty)])
+    demo = tmp_path / "walk.json"
+    record_walk(demo, steps=2)
+    # another model than the run trains on
+    config = tiny_config(models=["squeezenet-1.1"], demos=[str(demo)])
+    with pytest.raises(RlflowError, match="recorded on resnet-18, which this run does not"):
+        train(config, tmp_path / "other", progress=False)
+    # the same model from another start state
+    config = tiny_config(demos=[str(demo)], start="ort:all")
+    with pytest.raises(RlflowError, match="starts from another graph"):
+        train(config, tmp_path / "start", progress=False)
+    with pytest.raises(RlflowError, match="demo_epochs must be at least 0"):
+        PPOConfig(demo_epochs=-1).validate()
