@@ -18,11 +18,10 @@ from rlflow.errors import RlflowError
 from tests.agents.test_ppo import scalars, tiny_config
 
 
-def record_walk(path, steps: int, seed: int = 3, **env_options) -> list[tuple[str, tuple]]:
-    """A random walk of `steps` rewrites on resnet-18 (small), written as `rlflow optimize
-    --json` records its episode; returns its (rule, site) steps."""
+def record_walk(path, steps: int, seed: int = 3) -> list[tuple[str, tuple]]:
+    """A random walk of `steps` rewrites on resnet-18 (small) in `tiny_config`'s env, written as
+    `rlflow optimize --json` records its episode; returns its (rule, site) steps."""
     options = dict(cost="analytic", deploy="online", max_candidates=4, horizon=5)
-    options.update(env_options)
     env = gym.make(GRAPH_REWRITE_ID, models=["resnet-18"], disable_env_checker=True, **options)
     env.reset(seed=seed)
     generator = torch.Generator().manual_seed(seed)
