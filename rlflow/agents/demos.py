@@ -12,11 +12,10 @@ begin on onnxruntime's graph, and what it finds beyond is its own. A demonstrato
 it is then compared with makes a comparison of PPO against that search one of "the search, then
 RL", and is reported as such.
 
-A recorded step is found among the env's offered candidates by its rule and site, or, where the
-same graph was reached with its nodes in another order, by the hash it produced (as
-`RewriteSession.replay` finds it). A step the env does not offer (beyond `max_candidates`, or a
-graph over `max_nodes`) ends that demonstration there, without its stop; how many steps were
-kept is reported.
+A recorded step is found among the env's offered candidates as `RewriteSession.replay` finds
+it (`recorded_candidate`: by its rule and site, or by the hash it produced). A step the env
+does not offer (beyond `max_candidates`, or a graph over `max_nodes`) ends that demonstration
+there, without its stop; how many steps were kept is reported.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from rlflow.nn import (
     collate,
     observation_to_data,
 )
+from rlflow.rewrite.session import recorded_candidate
 from rlflow.search.replay import Recording, read_recording
 
 if TYPE_CHECKING:
@@ -173,14 +173,8 @@ def _model_index(env: Any, recorded: str) -> int | None:
 
 def _slot_of(offered: list[Any], action: Any) -> int | None:
     """The action slot of a recorded step among the offered candidates (None: not offered)."""
-    of_rule = [(slot, c) for slot, c in enumerate(offered) if c.rule.name == action.rule]
-    for slot, candidate in of_rule:
-        if candidate.site == action.site and candidate.graph_hash == action.graph_hash:
-            return slot
-    for slot, candidate in of_rule:
-        if candidate.graph_hash == action.graph_hash:
-            return slot
-    return None
+    found = recorded_candidate(offered, action)
+    return next((slot for slot, c in enumerate(offered) if c is found), None)
 
 
 def _keep(

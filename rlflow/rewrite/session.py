@@ -7,7 +7,7 @@ The env, the search baselines and the dream all drive this one object (CompilerG
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,17 @@ class EpisodeState:
 # By canonical hash: the graph version the candidates were computed on (their sites index its
 # nodes) and the candidates. Shared by a session and its forks.
 CandidateCache = dict[str, tuple[Graph, list[Candidate]]]
+
+
+def recorded_candidate(candidates: Sequence[Candidate], action: Action) -> Candidate | None:
+    """The candidate that a recorded step applied: found by its rule and site, or, where the
+    step was recorded with its site in another node order, by its rule and the hash it
+    produced; None when no candidate produces the recorded hash."""
+    of_rule = [c for c in candidates if c.rule.name == action.rule]
+    at_site = next((c for c in of_rule if c.site == action.site), None)
+    if at_site is not None and at_site.graph_hash == action.graph_hash:
+        return at_site
+    return next((c for c in of_rule if c.graph_hash == action.graph_hash), None)
 
 
 class RewriteSession:
@@ -208,17 +219,18 @@ class RewriteSession:
                 f"{state.original_hash[:12]} (another model or version?)"
             )
         for step, action in enumerate(state.actions, start=1):
-            of_rule = [c for c in session.candidates() if c.rule.name == action.rule]
-            at_site = next((c for c in of_rule if c.site == action.site), None)
-            if at_site is None or at_site.graph_hash != action.graph_hash:
-                # recorded with its site in another node order: found by what it produced
-                at_site = next((c for c in of_rule if c.graph_hash == action.graph_hash), at_site)
-            if at_site is not None and at_site.graph_hash == action.graph_hash:
-                session.apply_candidate(at_site)
+            candidates = session.candidates()
+            found = recorded_candidate(candidates, action)
+            if found is not None:
+                session.apply_candidate(found)
                 if on_step is not None:
                     on_step(session)
                 continue
             where = f"step {step} ({action.rule} at site {list(action.site)})"
+            at_site = next(
+                (c for c in candidates if c.rule.name == action.rule and c.site == action.site),
+                None,
+            )
             if at_site is None:
                 raise RlflowError(f"replay: {where} is not a candidate of the graph at that point")
             raise RlflowError(
