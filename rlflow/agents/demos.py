@@ -30,13 +30,7 @@ from torch.distributions import Categorical
 from torch_geometric.data import Data
 
 from rlflow.errors import RlflowError
-from rlflow.nn import (
-    CandidateScorer,
-    candidate_batch,
-    candidate_data,
-    collate,
-    observation_to_data,
-)
+from rlflow.nn import CandidateScorer
 from rlflow.rewrite.session import recorded_candidate
 from rlflow.search.replay import Recording, read_recording
 
@@ -184,10 +178,11 @@ def _keep(
     observation: dict[str, np.ndarray],
     slot: int,
 ) -> None:
-    demos.states.append(observation_to_data(observation))
-    demos.candidates.append(
-        candidate_data(env.candidate_observations()) if scorer.needs_candidate_graphs else []
-    )
+    from rlflow.agents.ppo import policy_inputs
+
+    state, candidates = policy_inputs(scorer, env, observation)
+    demos.states.append(state)
+    demos.candidates.append(candidates)
     demos.actions.append(slot)
 
 
@@ -238,15 +233,11 @@ def clone(
 def fit(scorer: CandidateScorer, demos: Demonstrations) -> tuple[float, float]:
     """(the share of demonstrated states where the policy's most likely action is the one
     demonstrated, the demonstrated actions' mean log-probability)."""
-    batch = collate(demos.states)
-    graphs = (
-        candidate_batch(demos.candidates, batch.candidate_rules.shape[1])
-        if scorer.needs_candidate_graphs
-        else None
-    )
+    from rlflow.agents.ppo import scorer_outputs
+
     actions = torch.tensor(demos.actions)
     with torch.no_grad():
-        logits, _ = scorer(batch, graphs)
+        logits, _ = scorer_outputs(scorer, demos.states, demos.candidates)
     hits = (logits.argmax(dim=-1) == actions).float().mean()
     logprob = Categorical(logits=logits).log_prob(actions).mean()
     return float(hits), float(logprob)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from rlflow.errors import RlflowError
-from rlflow.nn import CandidateScorer, candidate_batch, candidate_data, collate
+from rlflow.nn import CandidateScorer, candidate_data
 
 if TYPE_CHECKING:
     from rlflow.envs.graph_rewrite import GraphRewriteEnv
@@ -108,16 +108,15 @@ class PPOPolicy:
         env = env.unwrapped if env is not None else None
         if env is not None:
             observation = self._rules.translate(observation, list(env.rule_names))
-        batch = collate([observation])
-        graphs = None
+        from rlflow.agents.ppo import scorer_outputs
+
+        candidates: list[Any] = []
         if self.scorer.needs_candidate_graphs:
             if env is None:
                 raise RlflowError("the full scorer needs the env to see each candidate's graph")
-            graphs = candidate_batch(
-                [candidate_data(env.candidate_observations())], batch.candidate_rules.shape[1]
-            )
+            candidates = candidate_data(env.candidate_observations())
         with torch.no_grad():
-            logits, _ = self.scorer(batch, graphs)
+            logits, _ = scorer_outputs(self.scorer, [observation], [candidates])
         return logits[0].double().numpy()
 
     def act(

@@ -20,6 +20,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,22 @@ def policy_inputs(
     return data, candidate_data(env.unwrapped.candidate_observations())
 
 
+def scorer_outputs(
+    scorer: CandidateScorer,
+    states: Sequence[Data | Mapping[str, np.ndarray]],
+    candidates: Sequence[list[Data]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scorer's masked action logits and state values for B states (graph data or raw
+    observations), batched; `candidates` matter only to the `full` scorer."""
+    batch = collate(states)
+    graphs = (
+        candidate_batch(candidates, batch.candidate_rules.shape[1])
+        if scorer.needs_candidate_graphs
+        else None
+    )
+    return scorer(batch, graphs)
+
+
 def evaluate_actions(
     scorer: CandidateScorer,
     states: list[Data],
@@ -248,13 +265,7 @@ def evaluate_actions(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """CleanRL's `get_action_and_value`: (action, log-prob, entropy, value) of B states;
     samples the actions when none are given."""
-    batch = collate(states)
-    graphs = (
-        candidate_batch(candidates, batch.candidate_rules.shape[1])
-        if scorer.needs_candidate_graphs
-        else None
-    )
-    logits, value = scorer(batch, graphs)
+    logits, value = scorer_outputs(scorer, states, candidates)
     probs = Categorical(logits=logits)
     if actions is None:
         actions = probs.sample()
