@@ -10,7 +10,10 @@ to choose those slots (cross-entropy) and its value head to the discounted rewar
 earned, before its first rollout. PPO then begins on the search's path, as rlflow's searches
 begin on onnxruntime's graph, and what it finds beyond is its own. A demonstrator on the model
 it is then compared with makes a comparison of PPO against that search one of "the search, then
-RL", and is reported as such.
+RL", and is reported as such. With `demo_coef` the cloning loss stays on during PPO, weighted
+by it and fading linearly to nothing over the run (as DAPG's demonstration term fades): PPO's
+first updates, from returns that are still noise, then do not walk the policy off the
+demonstrated path before its own estimates can tell where to leave it.
 
 A recorded step is found among the env's offered candidates as `RewriteSession.replay` finds
 it (`recorded_candidate`: by its rule and site, or by the hash it produced). A step the env
@@ -54,17 +57,21 @@ class Demonstrations:
         return len(self.actions)
 
 
-def imitate(scorer: CandidateScorer, config: PPOConfig) -> dict[str, Any]:
-    """Fit a fresh run's network to its recorded episodes (`rlflow.agents.demos`) in an env of
-    its own settings; what was kept of them and how well the policy fits, for progress.json."""
+def gather(scorer: CandidateScorer, config: PPOConfig) -> Demonstrations:
+    """A run's recorded episodes (`config.demos`) walked in an env of its own settings."""
     from rlflow.agents.ppo import make_env
 
     recordings = read_demos(config.demos)
     env = make_env(config)
     try:
-        demos = walk_demos(env, recordings, scorer, gamma=config.gamma, seed=config.seed)
+        return walk_demos(env, recordings, scorer, gamma=config.gamma, seed=config.seed)
     finally:
         env.close()
+
+
+def imitate(scorer: CandidateScorer, demos: Demonstrations, config: PPOConfig) -> dict[str, Any]:
+    """Fit a fresh run's network to its walked demonstrations; what was kept of them and how
+    well the policy fits, for progress.json."""
     stats = clone(
         scorer,
         demos,
@@ -75,7 +82,7 @@ def imitate(scorer: CandidateScorer, config: PPOConfig) -> dict[str, Any]:
         seed=config.seed,
     )
     print(
-        f"imitated {len(recordings)} demo(s): {demos.kept_steps} of {demos.recorded_steps} "
+        f"imitated {len(config.demos)} demo(s): {demos.kept_steps} of {demos.recorded_steps} "
         f"recorded steps offered by the env, {len(demos)} states; the policy's first choice is "
         f"the demonstrated one at {100 * stats['accuracy']:.0f}% of them",
         file=sys.stderr,
@@ -199,35 +206,60 @@ def clone(
     """Fit `scorer` to the demonstrations: the taken slot's log-probability up, the value head
     to the walk's returns. Returns the last epoch's mean loss and the share of states where the
     policy's most likely action is the demonstrated one."""
-    from rlflow.agents.ppo import evaluate_actions
-
     if not len(demos):
         raise RlflowError("no demonstrated step is offered by this run's env: nothing to clone")
     optimizer = torch.optim.Adam(scorer.parameters(), lr=learning_rate, eps=1e-5)
-    actions = torch.tensor(demos.actions)
-    returns = torch.tensor(demos.returns, dtype=torch.float32)
     rng = np.random.default_rng(seed)
     scorer.train()
-    loss_sum = 0.0
+    loss = 0.0
     for _ in range(epochs):
-        loss_sum = 0.0
-        order = rng.permutation(len(demos))
-        for begin in range(0, len(order), minibatch_size):
-            idx = order[begin : begin + minibatch_size]
-            _, logprob, _, value = evaluate_actions(
-                scorer,
-                [demos.states[i] for i in idx],
-                [demos.candidates[i] for i in idx],
-                actions[idx],
-            )
-            loss = -logprob.mean() + vf_coef * ((value.reshape(-1) - returns[idx]) ** 2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(idx)
+        loss = demo_pass(scorer, optimizer, demos, rng, minibatch_size, vf_coef=vf_coef)
     scorer.eval()
     accuracy, mean_logprob = fit(scorer, demos)
-    return {"loss": loss_sum / len(demos), "accuracy": accuracy, "mean_logprob": mean_logprob}
+    return {"loss": loss, "accuracy": accuracy, "mean_logprob": mean_logprob}
+
+
+def demo_pass(
+    scorer: CandidateScorer,
+    optimizer: torch.optim.Optimizer,
+    demos: Demonstrations,
+    rng: np.random.Generator,
+    minibatch_size: int,
+    *,
+    weight: float = 1.0,
+    vf_coef: float = 0.0,
+    max_grad_norm: float | None = None,
+) -> float:
+    """One shuffled pass of the behaviour-cloning loss over the demonstrations, `weight` times
+    the demonstrated slots' negative log-probability plus `vf_coef` times the value head's
+    squared error to the walk's returns. Before PPO (`clone`) both terms fit a fresh network;
+    during PPO (`PPOConfig.demo_coef`) the policy term alone, small and fading, keeps it near
+    the demonstrated path while its own returns are still noisy. Returns the pass's mean
+    loss, unweighted."""
+    from rlflow.agents.ppo import evaluate_actions
+
+    actions = torch.tensor(demos.actions)
+    returns = torch.tensor(demos.returns, dtype=torch.float32)
+    order = rng.permutation(len(demos))
+    loss_sum = 0.0
+    for begin in range(0, len(order), minibatch_size):
+        idx = order[begin : begin + minibatch_size]
+        _, logprob, _, value = evaluate_actions(
+            scorer,
+            [demos.states[i] for i in idx],
+            [demos.candidates[i] for i in idx],
+            actions[idx],
+        )
+        loss = -logprob.mean()
+        if vf_coef:
+            loss = loss + vf_coef * ((value.reshape(-1) - returns[idx]) ** 2).mean()
+        optimizer.zero_grad()
+        (weight * loss).backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(scorer.parameters(), max_grad_norm)
+        optimizer.step()
+        loss_sum += loss.item() * len(idx)
+    return loss_sum / len(demos)
 
 
 def fit(scorer: CandidateScorer, demos: Demonstrations) -> tuple[float, float]:
@@ -243,4 +275,13 @@ def fit(scorer: CandidateScorer, demos: Demonstrations) -> tuple[float, float]:
     return float(hits), float(logprob)
 
 
-__all__ = ["Demonstrations", "clone", "fit", "imitate", "read_demos", "walk_demos"]
+__all__ = [
+    "Demonstrations",
+    "clone",
+    "demo_pass",
+    "fit",
+    "gather",
+    "imitate",
+    "read_demos",
+    "walk_demos",
+]

@@ -62,7 +62,7 @@ PRE_VECTOR_DEFAULTS: dict[str, Any] = {
     "num_steps": None,
 }
 """What a run saved before these settings existed ran with: its saved config reads as such."""
-PRE_DEMO_DEFAULTS: dict[str, Any] = {"demos": [], "demo_epochs": 500}
+PRE_DEMO_DEFAULTS: dict[str, Any] = {"demos": [], "demo_epochs": 500, "demo_coef": 0.0}
 """A run saved before demonstrations existed imitated none."""
 ENV_FIELDS = (
     "size",
@@ -112,6 +112,7 @@ class PPOConfig:
     init_from: str | None = None  # a PPO run whose network this one starts from (fine-tuning)
     demos: list[str] = field(default_factory=list)  # recorded episodes imitated first
     demo_epochs: int = 500  # behaviour-cloning passes over the demos before the first rollout
+    demo_coef: float = 0.0  # weight of the cloning loss kept during PPO, fading to 0 over the run
 
     # ---- the algorithm (the update's knobs: rlflow.agents.update.UpdateConfig)
     seed: int = 0  # seed of torch, numpy and the env's model draws
@@ -178,6 +179,10 @@ class PPOConfig:
             raise RlflowError(f"horizon must be at least 1, got {self.horizon}")
         if self.demo_epochs < 0:
             raise RlflowError(f"demo_epochs must be at least 0, got {self.demo_epochs}")
+        if self.demo_coef < 0:
+            raise RlflowError(f"demo_coef must be at least 0, got {self.demo_coef}")
+        if self.demo_coef and not self.demos:
+            raise RlflowError("demo_coef keeps imitating demos: give them (--demo RESULT.json)")
         self.demos = [str(path) for path in self.demos]
         if self.hidden % self.heads:
             raise RlflowError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
@@ -367,10 +372,14 @@ def _train_in(
         np.random.set_state(resumed["numpy_rng"])
         progress_log = _progress_until(read_json(run_dir / "progress.json"), global_step)
 
-    if resumed is None and config.demos:
-        from rlflow.agents.demos import imitate
+    demos = None  # walked again on a rerun only to keep imitating them (demo_coef)
+    if config.demos and (resumed is None or config.demo_coef > 0):
+        from rlflow.agents.demos import gather, imitate
 
-        progress_log["demos"] = imitate(scorer, config)
+        demos = gather(scorer, config)
+        if resumed is None:
+            progress_log["demos"] = imitate(scorer, demos, config)
+    demo_rng = np.random.default_rng(config.seed + global_step)
     save_run_config(run_dir, "ppo", config.to_dict())
     # purge_step: TensorBoard drops what a killed run logged after its last checkpoint.
     writer = TensorBoard(run_dir, purge_step=global_step + 1 if resumed else None)
@@ -408,9 +417,9 @@ def _train_in(
             return [float(v) for v in scorer.value(collate(states)).reshape(-1)]
 
     while global_step < config.total_steps:
+        remaining = 1.0 - global_step / config.total_steps  # of the run, at this update's start
         if config.anneal_lr:
-            frac = 1.0 - global_step / config.total_steps
-            optimizer.param_groups[0]["lr"] = frac * config.learning_rate
+            optimizer.param_groups[0]["lr"] = remaining * config.learning_rate
 
         # ---- rollout: num_steps steps of every env (or until enough episodes have ended)
         rollouts = [EnvRollout() for _ in range(config.num_envs)]
@@ -501,6 +510,22 @@ def _train_in(
         rollout = Rollout(b_logprobs, b_values, advantages, returns)
         evaluate = replay(scorer, obs, cands, b_actions)
         stats = ppo_update(evaluate, rollout, scorer, optimizer, config.update_config())
+        demo_loss = None
+        if demos is not None and config.demo_coef > 0:
+            from rlflow.agents.demos import demo_pass
+
+            weight = config.demo_coef * remaining
+            demo_loss = demo_pass(
+                scorer,
+                optimizer,
+                demos,
+                demo_rng,
+                config.minibatch_size,
+                weight=weight,
+                max_grad_norm=config.max_grad_norm,
+            )
+            writer.scalar("losses/demo", demo_loss, global_step)
+            writer.scalar("charts/demo_weight", weight, global_step)
         update += 1
 
         y_pred, y_true = b_values.numpy(), returns.numpy()
@@ -528,6 +553,7 @@ def _train_in(
                 "approx_kl": stats.approx_kl,
                 "clipfrac": stats.clipfrac,
                 "sps": sps,
+                **({} if demo_loss is None else {"demo_loss": demo_loss}),
             }
         )
 

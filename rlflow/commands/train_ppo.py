@@ -102,6 +102,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--demo-epochs", type=int, metavar="N", help="passes over the demos (default 500)"
     )
     parser.add_argument(
+        "--demo-coef",
+        type=float,
+        metavar="W",
+        help="keep imitating the demos during PPO: the cloning loss at weight W after each "
+        "update, fading linearly to 0 over the run (default 0: imitate only before PPO)",
+    )
+    parser.add_argument(
         "--portable", action="store_true", default=None, help="only standard-ONNX rules"
     )
     rerun = parser.add_mutually_exclusive_group()
@@ -142,6 +149,7 @@ FLAG_FIELDS = {
     "init_from": "init_from",
     "demo": "demos",
     "demo_epochs": "demo_epochs",
+    "demo_coef": "demo_coef",
 }
 """argparse destination -> PPOConfig field, for the flags that override the config."""
 

@@ -7,12 +7,13 @@ import json
 import gymnasium as gym
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import rlflow.envs  # noqa: F401  (registers rlflow/GraphRewrite-v0)
 from rlflow.agents.demos import clone, fit, read_demos, walk_demos
 from rlflow.agents.evaluate import agent_rollouts
 from rlflow.agents.policy import PPOPolicy
-from rlflow.agents.ppo import PPOConfig, make_env, make_scorer, train
+from rlflow.agents.ppo import PPOConfig, load_checkpoint, make_env, make_scorer, train
 from rlflow.envs import GRAPH_REWRITE_ID
 from rlflow.errors import RlflowError
 from tests.agents.test_ppo import scalars, tiny_config
@@ -72,6 +73,41 @@ def test_fresh_run_imitates_its_demos_and_says_how_well(tmp_path) -> None:
     assert resumed["global_step"] == 40 and resumed["demos"] == progress["demos"]
 
 
+def test_demo_coef_keeps_imitating_with_a_fading_weight(tmp_path) -> None:
+    """With demo_coef the cloning loss runs after every PPO update at demo_coef times the share
+    of the run left; the policy ends closer to the demonstrations than the same run without it,
+    and a rerun walks the demos again to go on imitating them."""
+    demo = tmp_path / "walk.json"
+    record_walk(demo, steps=3)
+    config = tiny_config(demos=[str(demo)], demo_coef=2.0, learning_rate=0.01, seed=1)
+    train(config, tmp_path / "run", progress=False)
+    updates = json.loads((tmp_path / "run" / "progress.json").read_text())["updates"]
+    assert updates and all(update["demo_loss"] >= 0 for update in updates)
+    curves = scalars(tmp_path / "run")
+    assert curves["losses/demo"] == [update["global_step"] for update in updates]
+    weights = EventAccumulator(str(tmp_path / "run"))
+    weights.Reload()
+    weight = [event.value for event in weights.Scalars("charts/demo_weight")]
+    assert weight[0] == pytest.approx(2.0) and weight == sorted(weight, reverse=True)
+    assert weight[-1] < 2.0
+    # the same run without the term: its network ends further from the demonstrations
+    plain = tiny_config(demos=[str(demo)], learning_rate=0.01, seed=1)
+    train(plain, tmp_path / "plain", progress=False)
+    env = make_env(config)
+    scorer = make_scorer(config, len(env.unwrapped.rule_names))
+    demos = walk_demos(env, read_demos(config.demos), scorer, gamma=config.gamma)
+    env.close()
+    logprobs = []
+    for run in ("run", "plain"):
+        scorer.load_state_dict(load_checkpoint(tmp_path / run)["model"])
+        logprobs.append(fit(scorer, demos)[1])
+    assert logprobs[0] > logprobs[1], logprobs
+    config.total_steps = 40
+    train(config, tmp_path / "run", progress=False)
+    resumed = json.loads((tmp_path / "run" / "progress.json").read_text())["updates"]
+    assert len(resumed) > len(updates) and "demo_loss" in resumed[-1]
+
+
 def test_demo_errors_are_one_line(tmp_path) -> None:
     empty = tmp_path / "empty.json"
     empty.write_text("{}")
@@ -89,3 +125,7 @@ def test_demo_errors_are_one_line(tmp_path) -> None:
         train(config, tmp_path / "start", progress=False)
     with pytest.raises(RlflowError, match="demo_epochs must be at least 0"):
         PPOConfig(demo_epochs=-1).validate()
+    with pytest.raises(RlflowError, match="demo_coef keeps imitating demos: give them"):
+        PPOConfig(demo_coef=0.1).validate()
+    with pytest.raises(RlflowError, match="demo_coef must be at least 0"):
+        PPOConfig(demos=[str(demo)], demo_coef=-1).validate()

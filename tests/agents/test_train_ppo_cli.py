@@ -168,11 +168,16 @@ def test_demo_flag_imitates_a_recorded_episode_and_refuses_a_file_without_one(
     record_walk(demo, steps=2)
     out = tmp_path / "run"
     flags = ("--total-steps", "5", "--demo", str(demo), "--demo-epochs", "3")
-    code, _, stderr = rlflow(capsys, "train-ppo", *TINY, "--out", str(out), *flags)
+    code, _, stderr = rlflow(
+        capsys, "train-ppo", *TINY, "--out", str(out), *flags, "--demo-coef", "0.5"
+    )
     assert code == 0, stderr
     assert "imitated 1 demo(s): 2 of 2 recorded steps" in stderr
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["demos"] == [str(demo)] and saved["demo_epochs"] == 3
+    assert saved["demo_coef"] == 0.5
+    result = rlflow(capsys, "train-ppo", *TINY, "--out", str(tmp_path / "y"), "--demo-coef", "1")
+    assert_one_line_error(result, "demo_coef keeps imitating demos: give them")
 
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
