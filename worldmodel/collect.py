@@ -51,13 +51,28 @@ class RandomPolicy:
     `by_rule` (`--policy random-rule`) draws a rule uniformly among the rules with a candidate
     on offer, then one of its sites: a rule with few sites (one attention fusion per layer
     beside a hundred element-wise moves) is drawn as often as any other, so the world model
-    sees what it does from a few episodes."""
+    sees what it does from a few episodes.
 
-    def __init__(self, stop_probability: float = 0.2, *, by_rule: bool = False) -> None:
+    `cheapest_site` (`--policy random-rule-cheapest`) then takes the rule's site a controller
+    would (`rlflow.worldmodel.policy.CheapestSite`: the lowest analytic cost) instead of a
+    random one. The world model's action is the rule, not its site, so it prices a rule at the
+    average of the sites the data applied it to; where a rule gains at some sites and loses at
+    others (ResNet-18's `nchwc-conv-unblock`: +1.1 to +2.2% at the last stage's convolutions,
+    -0.3 to -3.7% at the earlier ones), random sites price it as a loss, though the controller,
+    choosing as here, would apply it where it gains."""
+
+    def __init__(
+        self, stop_probability: float = 0.2, *, by_rule: bool = False, cheapest_site: bool = False
+    ) -> None:
         if not 0.0 <= stop_probability <= 1.0:
             raise RlflowError(f"stop probability must be in [0, 1], got {stop_probability}")
         self.stop_probability = stop_probability
-        self.by_rule = by_rule
+        self.by_rule = by_rule or cheapest_site
+        self.sites = None
+        if cheapest_site:
+            from rlflow.worldmodel.policy import CheapestSite
+
+            self.sites = CheapestSite()
         self.env_config: dict[str, Any] = {}
 
     def act(
@@ -76,24 +91,37 @@ class RandomPolicy:
         if self.by_rule:
             rules = np.asarray(observation["candidate_rules"])[offered]
             offered = offered[rules == rng.choice(np.unique(rules))]
+        if self.sites is not None and env is not None:
+            return self.sites.choose(env.offered_candidates(), offered)
         return int(rng.choice(offered))
 
     def __repr__(self) -> str:
-        return f"RandomPolicy(stop_probability={self.stop_probability}, by_rule={self.by_rule})"
+        return (
+            f"RandomPolicy(stop_probability={self.stop_probability}, by_rule={self.by_rule}, "
+            f"cheapest_site={self.sites is not None})"
+        )
 
 
-RANDOM_POLICIES = ("random", "random-rule")
-"""The random agents: uniform over candidates (RLFlow's), uniform over rules then sites."""
+RANDOM_POLICIES = ("random", "random-rule", "random-rule-cheapest")
+"""The random agents: uniform over candidates (RLFlow's), uniform over rules then sites, and
+uniform over rules then the site a controller would take."""
 
 
 def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
-    """`random` (RLFlow's random agent), `random-rule` (uniform over rules, then sites) or
-    `agent:RUN_DIR` (a `rlflow train-ppo` run, or a `rlflow train-controller` run for World
-    Models' iterative collection)."""
+    """`random` (RLFlow's random agent), `random-rule` (uniform over rules, then sites),
+    `random-rule-cheapest` (then the site a controller would take) or `agent:RUN_DIR` (a
+    `rlflow train-ppo` run, or a `rlflow train-controller` run for World Models' iterative
+    collection)."""
     if spec in RANDOM_POLICIES:
-        return RandomPolicy(stop_probability, by_rule=spec == "random-rule")
+        return RandomPolicy(
+            stop_probability,
+            by_rule=spec == "random-rule",
+            cheapest_site=spec == "random-rule-cheapest",
+        )
     if not is_agent_spec(spec) or not spec.partition(":")[2]:
-        raise RlflowError(f"bad --policy {spec!r}: expected random, random-rule or agent:RUN_DIR")
+        raise RlflowError(
+            f"bad --policy {spec!r}: expected {', '.join(RANDOM_POLICIES)} or agent:RUN_DIR"
+        )
     from rlflow.worldmodel.policy import load_agent_policy
 
     return load_agent_policy(parse_agent(spec))
@@ -105,7 +133,7 @@ class CollectSettings:
 
     models: list[str]  # zoo names or .onnx paths; one is drawn per episode (multi-graph)
     episodes: int = 64  # episodes wanted in the directory in total (finished shards count)
-    policy: str = "random"  # random | random-rule | agent:RUN_DIR
+    policy: str = "random"  # random | random-rule | random-rule-cheapest | agent:RUN_DIR
     size: str = "small"  # zoo model size: small | medium | full
     # reward cost source of the env: analytic | perop | perop-e2e | e2e | e2e-sparse | table:...;
     # None: the env's default for the deploy mode (perop offline, analytic online)

@@ -53,6 +53,31 @@ from rlflow.worldmodel.controller import (
 from rlflow.worldmodel.model import CONFIG, WorldModel, load_checkpoint
 
 
+class CheapestSite:
+    """The controller's site choice (item 3 of the module docstring): among the offered slots
+    of one rule, the one whose rewritten graph has the lowest analytic (roofline) cost, cached
+    by graph hash. The `random-rule-cheapest` collection agent chooses sites the same way, so
+    that the world model prices a rule at the sites a controller will apply it to."""
+
+    def __init__(self) -> None:
+        from rlflow.cost import AnalyticCostModel
+
+        self._analytic = AnalyticCostModel()
+        self._costs: dict[str, float] = {}
+
+    def cost(self, graph: Any) -> float:
+        digest = graph.canonical_hash()
+        if digest not in self._costs:
+            self._costs[digest] = self._analytic.cost_ms(graph)
+        return self._costs[digest]
+
+    def choose(self, candidates: list[Any], slots: np.ndarray) -> int:
+        """The slot among `slots` (indices into `candidates`) with the cheapest graph."""
+        if len(slots) == 1:
+            return int(slots[0])
+        return int(slots[int(np.argmin([self.cost(candidates[slot].graph) for slot in slots]))])
+
+
 def env_config(world: WorldModel) -> dict[str, Any]:
     """GraphRewriteEnv keyword arguments (minus models) of the world model's data."""
     config = dict(world.meta["env"])
@@ -77,12 +102,10 @@ class ControllerPolicy:
         self.world, self.controller, self.temperature = world, controller, temperature
         self.horizon = horizon  # rewrites per episode at most (None: the env's limit only)
         self.env_config: dict[str, Any] = env_config(world)
-        from rlflow.cost import AnalyticCostModel
         from rlflow.nn.features import GLOBAL_FEATURES
 
         self._step_feature = GLOBAL_FEATURES.index("step_fraction")
-        self._analytic = AnalyticCostModel()
-        self._costs: dict[str, float] = {}
+        self._sites = CheapestSite()
         self._rules = RuleTranslation(world.rule_names)
         self._state: tuple[torch.Tensor, torch.Tensor] | None = None
         self._visited: set[str] = set()
@@ -97,12 +120,6 @@ class ControllerPolicy:
         self._visited = set()
         self._blocked = np.zeros(self.world.num_actions, dtype=bool)
         self._steps = 0
-
-    def _candidate_cost(self, graph: Any) -> float:
-        digest = graph.canonical_hash()
-        if digest not in self._costs:
-            self._costs[digest] = self._analytic.cost_ms(graph)
-        return self._costs[digest]
 
     @torch.no_grad()
     def act(
@@ -154,10 +171,9 @@ class ControllerPolicy:
             return len(mask) - 1  # stop
         self._steps += 1
         slots = offered[rules[offered] == rule]
-        if unwrapped is None or len(slots) == 1:
+        if unwrapped is None:
             return int(slots[0])
-        costs = [self._candidate_cost(candidates[slot].graph) for slot in slots]
-        return int(slots[int(np.argmin(costs))])
+        return self._sites.choose(candidates, slots)
 
     def __repr__(self) -> str:
         return (

@@ -53,7 +53,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--policy",
         help="random (default: uniform over candidates) | random-rule (uniform over rules, then "
-        "sites) | agent:RUN_DIR (a train-ppo or train-controller run)",
+        "sites) | random-rule-cheapest (uniform over rules, then the site a controller would "
+        "take) | agent:RUN_DIR (a train-ppo or train-controller run)",
         metavar="POLICY",
     )
     parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")

@@ -72,10 +72,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance")
     parser.add_argument(
         "--random-policy",
-        choices=("random", "random-rule"),
+        choices=("random", "random-rule", "random-rule-cheapest"),
         default="random",
         help="the first round's agent: uniform over candidates (random, RLFlow's) or over "
-        "rules, then sites (random-rule: rules with few sites drawn as often as the others)",
+        "rules, then sites (random-rule: rules with few sites drawn as often as the others; "
+        "random-rule-cheapest: then the site a controller would take, the lowest analytic cost)",
     )
     parser.add_argument("--latent", type=int, help="size of z (32)")
     parser.add_argument("--vae-epochs", type=int, help="VAE epochs per round (30)")

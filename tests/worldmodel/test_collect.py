@@ -162,6 +162,30 @@ def test_rule_balanced_random_policy_draws_rules_evenly():
     assert max(draws[[0, 1, 3, 4]]) - min(draws[[0, 1, 3, 4]]) < 200
 
 
+def test_cheapest_site_policy_takes_the_sites_a_controller_would():
+    """random-rule-cheapest: a rule drawn uniformly, then its site with the lowest analytic
+    cost, the controller's own choice, so the data prices a rule where controllers apply it."""
+    from rlflow.cost import AnalyticCostModel
+
+    env = gym.make(rlflow.envs.GRAPH_REWRITE_ID, models=[MODEL], cost="analytic", max_candidates=64)
+    observation, _ = env.reset(seed=0)
+    base = env.unwrapped
+    offered = base.offered_candidates()
+    rules = np.asarray(observation["candidate_rules"])[: len(offered)]
+    analytic = AnalyticCostModel()
+    cheapest = {}
+    for slot, candidate in enumerate(offered):
+        cost = analytic.cost_ms(candidate.graph)
+        if rules[slot] not in cheapest or cost < cheapest[rules[slot]][1]:
+            cheapest[rules[slot]] = (slot, cost)
+    policy = load_policy("random-rule-cheapest", 0.0)
+    rng = np.random.default_rng(0)
+    taken = {policy.act(observation, rng=rng, env=base) for _ in range(200)}
+    assert taken == {slot for slot, _ in cheapest.values()}  # every rule, at its cheapest site
+    assert sum(np.bincount(rules) > 1) > 0  # some rule had several sites to choose from
+    env.close()
+
+
 @pytest.mark.parametrize("spec", ["greedy", "ppo", "ppo:", "random:x"])
 def test_bad_policy_specs(spec):
     with pytest.raises(RlflowError, match="bad --policy"):

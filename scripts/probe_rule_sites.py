@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""What one rule does at each of its sites: the analytic and the per-op measured cost change.
+
+A world model whose action is a rule (not its site) learns a rule's effect as the average over
+the sites its data applied it to, and a controller applies a rule at the site whose rewritten
+graph has the lowest analytic cost (`rlflow.worldmodel.policy.CheapestSite`). This prints, for
+every offered site of RULE on a model's start state, both costs' change in percent of the start's
+(positive: cheaper), and marks the site a controller would take, so one can see whether the
+analytic choice lands where the measured cost gains (docs/BENCHMARKS.md, "Learners against
+search": `nchwc-conv-unblock` on ResNet-18).
+
+    python scripts/probe_rule_sites.py resnet-18 --size medium --start ort:all \\
+        --rule nchwc-conv-unblock
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rlflow import zoo
+from rlflow.cost import AnalyticCostModel, OrtSettings
+from rlflow.cost.deploy import Deployment
+from rlflow.cost.ort_optimizer import start_state
+from rlflow.cost.perop import PerOpCostModel
+from rlflow.graph.onnx_io import load_model
+from rlflow.rewrite import default_ruleset
+from rlflow.rewrite.session import RewriteSession
+
+
+def rule_sites(model: str, size: str, start: str, rule: str) -> dict:
+    """Per site of `rule` on the start state: the first node it rewrites and both changes."""
+    settings = OrtSettings(provider="cpu")
+    graph = start_state(load_model(zoo.cached_path(model, size)), start, settings).graph
+    analytic = AnalyticCostModel()
+    perop = PerOpCostModel(Deployment("offline").settings(settings))
+    analytic_ms, perop_ms = analytic.cost_ms(graph), perop.cost_ms(graph)
+    sites = []
+    for candidate in RewriteSession(graph, default_ruleset()).candidates():
+        if candidate.rule.name != rule:
+            continue
+        rewritten = candidate.graph
+        sites.append(
+            {
+                "site": list(candidate.site),
+                "node": graph.nodes[candidate.site[0]].name,
+                "analytic_pct": 100 * (1 - analytic.cost_ms(rewritten) / analytic_ms),
+                "perop_pct": 100 * (1 - perop.cost_ms(rewritten) / perop_ms),
+            }
+        )
+    if sites:
+        max(sites, key=lambda site: site["analytic_pct"])["controller_takes"] = True
+    return {"model": f"{model}:{size}", "start": start, "rule": rule, "sites": sites}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--size", default="medium")
+    parser.add_argument("--start", default="ort:all")
+    parser.add_argument("--rule", required=True)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    result = rule_sites(args.model, args.size, args.start, args.rule)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{args.rule} on {result['model']} from {args.start}: cost change, % of the start's")
+    for site in result["sites"]:
+        mark = "  <- a controller takes this one" if site.get("controller_takes") else ""
+        print(
+            f"{site['node'][-60:]:60s} analytic {site['analytic_pct']:+6.2f}%  "
+            f"per-op {site['perop_pct']:+6.2f}%{mark}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""scripts/probe_rule_sites.py on a small model: one row per site of the rule, both cost
+changes, and the site a controller would take marked where the analytic change is largest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "probe_rule_sites.py"
+
+
+def test_every_site_priced_and_the_controllers_site_marked():
+    command = [sys.executable, str(SCRIPT), "resnet-18", "--size", "small", "--start", "ort:all"]
+    command += ["--rule", "nchwc-conv-unblock", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    sites = report["sites"]
+    assert report["rule"] == "nchwc-conv-unblock" and len(sites) > 1
+    assert len({tuple(site["site"]) for site in sites}) == len(sites)
+    assert all(site["node"] and abs(site["perop_pct"]) < 100 for site in sites)
+    taken = [site for site in sites if site.get("controller_takes")]
+    assert len(taken) == 1
+    assert taken[0]["analytic_pct"] == max(site["analytic_pct"] for site in sites)
