@@ -451,6 +451,17 @@ class GraphRewriteEnv(gym.Env):
             changes[position] = (after - self._cost_now) / self._cost_now if self._cost_now else 0.0
         return changes
 
+    def estimated_cost(self, graph: Graph) -> float:
+        """The env's cost of `graph` without timing it end to end: its cost table, else its
+        per-op model (offline, where per-op costs add up: the default), else the analytic
+        cost; cached like the rewards'. What a controller ranks a rule's sites by
+        (`rlflow.worldmodel.policy.cheapest_site`)."""
+        if self.table_model is not None:
+            return self.table_model.cost_ms(graph)
+        if self.perop_model is not None:
+            return self._perop_cost(graph)
+        return self._analytic_cost(graph)
+
     def candidate_observations(self) -> list[dict[str, np.ndarray]]:
         """The observation arrays of each offered candidate's rewritten graph, in slot order:
         the graph part (`featurize`) and `global_features` as if the candidate were applied

@@ -3,11 +3,12 @@
 
 A world model whose action is a rule (not its site) learns a rule's effect as the average over
 the sites its data applied it to, and a controller applies a rule at the site whose rewritten
-graph has the lowest analytic cost (`rlflow.worldmodel.policy.CheapestSite`). This prints, for
-every offered site of RULE on a model's start state, both costs' change in percent of the start's
-(positive: cheaper), and marks the site a controller would take, so one can see whether the
-analytic choice lands where the measured cost gains (docs/BENCHMARKS.md, "Learners against
-search": `nchwc-conv-unblock` on ResNet-18).
+graph the env prices lowest (`rlflow.worldmodel.policy.cheapest_site`: offline, the per-op
+cost; the analytic cost until 2026-11-27). This prints, for every offered site of RULE on a
+model's start state, both costs' change in percent of the start's (positive: cheaper), and
+marks the site a controller takes now (per-op) and the one the analytic choice took, so one can
+see where the two part (docs/BENCHMARKS.md, "Learners against search": `nchwc-conv-unblock` on
+ResNet-18 and ResNet-50).
 
     python scripts/probe_rule_sites.py resnet-18 --size medium --start ort:all \\
         --rule nchwc-conv-unblock
@@ -49,7 +50,8 @@ def rule_sites(model: str, size: str, start: str, rule: str) -> dict:
             }
         )
     if sites:
-        max(sites, key=lambda site: site["analytic_pct"])["controller_takes"] = True
+        max(sites, key=lambda site: site["perop_pct"])["controller_takes"] = True
+        max(sites, key=lambda site: site["analytic_pct"])["analytic_takes"] = True
     return {"model": f"{model}:{size}", "start": start, "rule": rule, "sites": sites}
 
 
@@ -67,7 +69,8 @@ def main() -> None:
         return
     print(f"{args.rule} on {result['model']} from {args.start}: cost change, % of the start's")
     for site in result["sites"]:
-        mark = "  <- a controller takes this one" if site.get("controller_takes") else ""
+        marks = [name for name in ("controller", "analytic") if site.get(f"{name}_takes")]
+        mark = f"  <- {' and '.join(marks)} choice" if marks else ""
         print(
             f"{site['node'][-60:]:60s} analytic {site['analytic_pct']:+6.2f}%  "
             f"per-op {site['perop_pct']:+6.2f}%{mark}"

@@ -54,12 +54,12 @@ class RandomPolicy:
     sees what it does from a few episodes.
 
     `cheapest_site` (`--policy random-rule-cheapest`) then takes the rule's site a controller
-    would (`rlflow.worldmodel.policy.CheapestSite`: the lowest analytic cost) instead of a
-    random one. The world model's action is the rule, not its site, so it prices a rule at the
-    average of the sites the data applied it to; where a rule gains at some sites and loses at
-    others (ResNet-18's `nchwc-conv-unblock`: +1.1 to +2.2% at the last stage's convolutions,
-    -0.3 to -3.7% at the earlier ones), random sites price it as a loss, though the controller,
-    choosing as here, would apply it where it gains."""
+    would (`rlflow.worldmodel.policy.cheapest_site`: the lowest cost by the env's own estimate,
+    per-op offline) instead of a random one. The world model's action is the rule, not its
+    site, so it prices a rule at the average of the sites the data applied it to; where a rule
+    gains at some sites and loses at others (ResNet-18's `nchwc-conv-unblock`: +1.1 to +2.2% at
+    the last stage's convolutions, -0.3 to -3.7% at the earlier ones), random sites price it as
+    a loss, though the controller, choosing as here, would apply it where it gains."""
 
     def __init__(
         self, stop_probability: float = 0.2, *, by_rule: bool = False, cheapest_site: bool = False
@@ -68,11 +68,7 @@ class RandomPolicy:
             raise RlflowError(f"stop probability must be in [0, 1], got {stop_probability}")
         self.stop_probability = stop_probability
         self.by_rule = by_rule or cheapest_site
-        self.sites = None
-        if cheapest_site:
-            from rlflow.worldmodel.policy import CheapestSite
-
-            self.sites = CheapestSite()
+        self.cheapest_site = cheapest_site
         self.env_config: dict[str, Any] = {}
 
     def act(
@@ -91,14 +87,17 @@ class RandomPolicy:
         if self.by_rule:
             rules = np.asarray(observation["candidate_rules"])[offered]
             offered = offered[rules == rng.choice(np.unique(rules))]
-        if self.sites is not None and env is not None:
-            return self.sites.choose(env.offered_candidates(), offered)
+        if self.cheapest_site and env is not None:
+            from rlflow.worldmodel.policy import cheapest_site
+
+            unwrapped = getattr(env, "unwrapped", env)
+            return cheapest_site(unwrapped.offered_candidates(), offered, unwrapped)
         return int(rng.choice(offered))
 
     def __repr__(self) -> str:
         return (
             f"RandomPolicy(stop_probability={self.stop_probability}, by_rule={self.by_rule}, "
-            f"cheapest_site={self.sites is not None})"
+            f"cheapest_site={self.cheapest_site})"
         )
 
 

@@ -16,9 +16,11 @@ candidate this way (`ControllerPolicy.act`):
    decoder and taso's search do not. And as in the dream (rlflow.worldmodel.dream), a rule
    pair goes one way per episode: once R was applied, R-reverse is not chosen, and the other
    way round.
-3. Among the chosen rule's offered candidates, the one whose rewritten graph has the lowest
-   analytic (roofline) cost is applied -- a free, deterministic site choice that needs no
-   measurement. Without the env object (`env=None`), the rule's first offered slot is used.
+3. Among the chosen rule's offered candidates, the one whose rewritten graph the env prices
+   lowest is applied (`GraphRewriteEnv.estimated_cost`: offline its per-op cost, cached by
+   operator signature; no end-to-end measurement) -- a deterministic site choice: the
+   dream prices the rule, the env's own cost its site. Without the env object (`env=None`),
+   the rule's first offered slot is used.
 4. h is advanced with (z_t, rule), exactly as in the dream.
 5. After as many rewrites as its dream episodes could take (the checkpoint's `horizon`,
    `ControllerSettings.dream_horizon`), it stops: past them it would act on states it never
@@ -53,29 +55,22 @@ from rlflow.worldmodel.controller import (
 from rlflow.worldmodel.model import CONFIG, WorldModel, load_checkpoint
 
 
-class CheapestSite:
-    """The controller's site choice (item 3 of the module docstring): among the offered slots
-    of one rule, the one whose rewritten graph has the lowest analytic (roofline) cost, cached
-    by graph hash. The `random-rule-cheapest` collection agent chooses sites the same way, so
-    that the world model prices a rule at the sites a controller will apply it to."""
+def cheapest_site(candidates: list[Any], slots: np.ndarray, env: Any) -> int:
+    """The controller's site choice (item 3 of the module docstring): the slot among `slots`
+    (indices into `candidates`, the offered slots of one rule) whose rewritten graph `env`
+    prices lowest (`GraphRewriteEnv.estimated_cost`: per-op offline, analytic where the env has
+    no cost short of an end-to-end timing). The `random-rule-cheapest` collection agent chooses
+    sites the same way, so that the world model prices a rule at the sites a controller will
+    apply it to.
 
-    def __init__(self) -> None:
-        from rlflow.cost import AnalyticCostModel
-
-        self._analytic = AnalyticCostModel()
-        self._costs: dict[str, float] = {}
-
-    def cost(self, graph: Any) -> float:
-        digest = graph.canonical_hash()
-        if digest not in self._costs:
-            self._costs[digest] = self._analytic.cost_ms(graph)
-        return self._costs[digest]
-
-    def choose(self, candidates: list[Any], slots: np.ndarray) -> int:
-        """The slot among `slots` (indices into `candidates`) with the cheapest graph."""
-        if len(slots) == 1:
-            return int(slots[0])
-        return int(slots[int(np.argmin([self.cost(candidates[slot].graph) for slot in slots]))])
+    The analytic roofline chose until 2026-11-27: free, and right on ResNet-18 (its least-bad
+    `nchwc-conv-unblock` is the per-op model's best site), but on ResNet-50 its choice lost
+    1.5% in every episode, where the per-op model's best site gains, so the data priced the rule
+    as a loss and every controller stopped at once."""
+    if len(slots) == 1:
+        return int(slots[0])
+    cost = getattr(env, "unwrapped", env).estimated_cost
+    return int(slots[int(np.argmin([cost(candidates[slot].graph) for slot in slots]))])
 
 
 def env_config(world: WorldModel) -> dict[str, Any]:
@@ -105,7 +100,6 @@ class ControllerPolicy:
         from rlflow.nn.features import GLOBAL_FEATURES
 
         self._step_feature = GLOBAL_FEATURES.index("step_fraction")
-        self._sites = CheapestSite()
         self._rules = RuleTranslation(world.rule_names)
         self._state: tuple[torch.Tensor, torch.Tensor] | None = None
         self._visited: set[str] = set()
@@ -173,7 +167,7 @@ class ControllerPolicy:
         slots = offered[rules[offered] == rule]
         if unwrapped is None:
             return int(slots[0])
-        return self._sites.choose(candidates, slots)
+        return cheapest_site(candidates, slots, unwrapped)
 
     def __repr__(self) -> str:
         return (

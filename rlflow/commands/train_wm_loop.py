@@ -76,7 +76,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="random",
         help="the first round's agent: uniform over candidates (random, RLFlow's) or over "
         "rules, then sites (random-rule: rules with few sites drawn as often as the others; "
-        "random-rule-cheapest: then the site a controller would take, the lowest analytic cost)",
+        "random-rule-cheapest: then the site a controller would take, the cheapest by the env's "
+        "own cost, per-op offline)",
     )
     parser.add_argument("--latent", type=int, help="size of z (32)")
     parser.add_argument("--vae-epochs", type=int, help="VAE epochs per round (30)")

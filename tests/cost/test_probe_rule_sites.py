@@ -1,5 +1,6 @@
 """scripts/probe_rule_sites.py on a small model: one row per site of the rule, both cost
-changes, and the site a controller would take marked where the analytic change is largest."""
+changes, the site a controller takes marked where the per-op change is largest and the
+analytic choice where the analytic one is."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def test_every_site_priced_and_the_controllers_site_marked():
     assert report["rule"] == "nchwc-conv-unblock" and len(sites) > 1
     assert len({tuple(site["site"]) for site in sites}) == len(sites)
     assert all(site["node"] and abs(site["perop_pct"]) < 100 for site in sites)
-    taken = [site for site in sites if site.get("controller_takes")]
-    assert len(taken) == 1
-    assert taken[0]["analytic_pct"] == max(site["analytic_pct"] for site in sites)
+    for mark, key in (("controller_takes", "perop_pct"), ("analytic_takes", "analytic_pct")):
+        taken = [site for site in sites if site.get(mark)]
+        assert len(taken) == 1
+        assert taken[0][key] == max(site[key] for site in sites)

@@ -163,8 +163,9 @@ def test_rule_balanced_random_policy_draws_rules_evenly():
 
 
 def test_cheapest_site_policy_takes_the_sites_a_controller_would():
-    """random-rule-cheapest: a rule drawn uniformly, then its site with the lowest analytic
-    cost, the controller's own choice, so the data prices a rule where controllers apply it."""
+    """random-rule-cheapest: a rule drawn uniformly, then its site with the lowest cost by the
+    env's own estimate (here, an analytic env, the analytic cost), the controller's own choice,
+    so the data prices a rule where controllers apply it."""
     from rlflow.cost import AnalyticCostModel
 
     env = gym.make(rlflow.envs.GRAPH_REWRITE_ID, models=[MODEL], cost="analytic", max_candidates=64)
@@ -183,6 +184,30 @@ def test_cheapest_site_policy_takes_the_sites_a_controller_would():
     taken = {policy.act(observation, rng=rng, env=base) for _ in range(200)}
     assert taken == {slot for slot, _ in cheapest.values()}  # every rule, at its cheapest site
     assert sum(np.bincount(rules) > 1) > 0  # some rule had several sites to choose from
+    env.close()
+
+
+def test_cheapest_site_is_the_envs_per_op_cheapest_offline():
+    """Offline the env prices graphs per op, and the site choice follows that cost, not the
+    analytic one (which on ResNet-50 took an unblocking that loses where another gains)."""
+    env = gym.make(
+        rlflow.envs.GRAPH_REWRITE_ID, models=[MODEL], deploy="offline", max_candidates=64
+    )
+    observation, _ = env.reset(seed=0)
+    base = env.unwrapped
+    assert base.cost == "perop"
+    offered = base.offered_candidates()
+    rules = np.asarray(observation["candidate_rules"])[: len(offered)]
+    cheapest = {}
+    for slot, candidate in enumerate(offered):
+        cost = base.perop_model.cost_ms(candidate.graph)
+        assert base.estimated_cost(candidate.graph) == cost
+        if rules[slot] not in cheapest or cost < cheapest[rules[slot]][1]:
+            cheapest[rules[slot]] = (slot, cost)
+    policy = load_policy("random-rule-cheapest", 0.0)
+    rng = np.random.default_rng(0)
+    taken = {policy.act(observation, rng=rng, env=env) for _ in range(200)}  # wrapped env too
+    assert taken == {slot for slot, _ in cheapest.values()}
     env.close()
 
 
