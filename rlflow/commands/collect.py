@@ -74,6 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "online)",
     )
     add_env_arguments(parser)
+    add_candidates_argument(parser)
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")
@@ -96,8 +97,10 @@ def run(args: argparse.Namespace) -> int:
 
     from rlflow.worldmodel.collect import CollectSettings, collect
 
-    settings = with_provider(
-        settings_from(args, CollectSettings, "collect", FLAGS, models=args.model), provider
+    settings = with_env(
+        settings_from(args, CollectSettings, "collect", FLAGS, models=args.model),
+        provider,
+        args.max_candidates,
     )
     before = _finished_shards(args.out)
     manifest = collect(
@@ -138,11 +141,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def with_provider(settings: Any, provider: str | None) -> Any:
-    """CollectSettings with `--provider` (if given) among its env's arguments."""
-    if provider is None:
-        return settings
-    return replace(settings, env={**settings.env, "provider": provider})
+def add_candidates_argument(parser: argparse.ArgumentParser) -> None:
+    """`--max-candidates` of the commands that collect (train-ppo has its own, a network
+    setting there)."""
+    parser.add_argument(
+        "--max-candidates",
+        type=int,
+        metavar="A",
+        help="the env's candidate slots (default 128): past them each state offers a "
+        "round-robin over the rules of each rule's first sites in graph order, so a rule with "
+        "more sites is never offered at the last ones (ResNet-50 medium: 186 candidates)",
+    )
+
+
+def with_env(settings: Any, provider: str | None, max_candidates: int | None = None) -> Any:
+    """CollectSettings with `--provider` and `--max-candidates` (those given) among its env's
+    arguments."""
+    from rlflow.errors import RlflowError
+
+    given: dict[str, Any] = {}
+    if provider is not None:
+        given["provider"] = provider
+    if max_candidates is not None:
+        if max_candidates < 1:
+            raise RlflowError(f"--max-candidates must be at least 1, got {max_candidates}")
+        given["max_candidates"] = max_candidates
+    return replace(settings, env={**settings.env, **given}) if given else settings
 
 
 def _finished_shards(out: str) -> int:

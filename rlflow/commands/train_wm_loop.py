@@ -68,6 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(a cost table's per-op times, e.g. a GPU's; default perop offline, analytic online)",
     )
     add_env_arguments(parser)
+    collect.add_candidates_argument(parser)
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance")
     parser.add_argument(
@@ -141,8 +142,10 @@ def run(args: argparse.Namespace) -> int:
         values = {**config.section(args.config, section), **config.overrides(args, flags)}
         return config.build(cls, {**values, **given}, f"{section} settings")
 
-    collect_settings = collect.with_provider(
-        settings(CollectSettings, "collect", COLLECT_FLAGS, models=args.model), provider
+    collect_settings = collect.with_env(
+        settings(CollectSettings, "collect", COLLECT_FLAGS, models=args.model),
+        provider,
+        args.max_candidates,
     )
     wm_settings = settings(WorldModelSettings, "train_wm", WM_FLAGS)
     controller_settings = settings(ControllerSettings, "train_controller", CONTROLLER_FLAGS)

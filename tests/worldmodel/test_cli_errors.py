@@ -131,6 +131,11 @@ def test_bad_settings_and_flags(capsys, tmp_path, pipeline):
         ["collect", "--model", "resnet-18", "--policy", "ppo:", "--out", str(tmp_path / "v")],
         "bad --policy",
     )
+    one_line_error(
+        capsys,
+        ["collect", "--model", "resnet-18", "--max-candidates", "0", "--out", str(tmp_path / "u")],
+        "--max-candidates must be at least 1",
+    )
 
 
 def test_train_wm_rerun_resumes_and_refuses_other_settings(capsys, tmp_path, pipeline):

@@ -211,6 +211,20 @@ def test_cheapest_site_is_the_envs_per_op_cheapest_offline():
     env.close()
 
 
+def test_collect_takes_the_envs_candidate_slots(tmp_path):
+    """`--max-candidates`: the env's slots, in the data's env settings (the world model's
+    controller acts in an env made from them) and in the width of the recorded arrays."""
+    from rlflow.cli import main
+
+    out = tmp_path / "data"
+    flags = ["--model", MODEL, "--episodes", "2", "--episodes-per-shard", "2"]
+    assert main(["collect", *flags, "--max-candidates", "8", "--out", str(out), "--quiet"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["env"]["max_candidates"] == 8
+    shard = np.load(out / sorted(manifest["shards"])[0])
+    assert shard["candidate_rules"].shape[1] == 8 and shard["action_mask"].shape[1] == 9
+
+
 @pytest.mark.parametrize("spec", ["greedy", "ppo", "ppo:", "random:x"])
 def test_bad_policy_specs(spec):
     with pytest.raises(RlflowError, match="bad --policy"):

@@ -145,6 +145,8 @@ def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     assert "--controller-episodes must be at least 1" in capsys.readouterr().err
     assert main([*argv, "--ray-address", "auto"]) == 2
     assert "--ray-address needs --backend ray" in capsys.readouterr().err
+    assert main([*argv, "--max-candidates", "0"]) == 2
+    assert "--max-candidates must be at least 1" in capsys.readouterr().err
     assert not out.exists()
 
     base = {"kind": "rollouts", "settings": {"policy": "random"}, "shards": {}}
