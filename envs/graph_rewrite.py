@@ -188,7 +188,10 @@ class GraphRewriteEnv(gym.Env):
     - `ruleset`: the rules; default `default_ruleset(portable=portable)`.
     - `portable`: with the default rules, only those emitting standard ONNX (default False).
     - `max_nodes`, `max_edges`, `max_candidates`, `max_site_nodes`: the padded sizes (512,
-      1024, 128, 4). A model larger than max_nodes or max_edges raises RlflowError at reset.
+      1024, 512, 4). A model larger than max_nodes or max_edges raises RlflowError at reset.
+      At 128 slots, the default until 2026-11-27, ResNet-50 medium from onnxruntime's graph
+      (186 candidates) was never offered the three sites where `nchwc-conv-unblock` gains, the
+      last of its 52; Inception-v3's graph has 354 candidates.
     - `invalid_action_penalty`: subtracted from the reward of a masked action (default 0).
     - `horizon`: the episode length the step fraction and the last e2e-sparse measurement
       refer to; default the spec's `max_episode_steps` (set by `gymnasium.make`), else 50.
@@ -214,7 +217,7 @@ class GraphRewriteEnv(gym.Env):
         portable: bool = False,
         max_nodes: int = 512,
         max_edges: int = 1024,
-        max_candidates: int = 128,
+        max_candidates: int = 512,
         max_site_nodes: int = 4,
         invalid_action_penalty: float = 0.0,
         horizon: int | None = None,

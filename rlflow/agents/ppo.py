@@ -100,7 +100,7 @@ class PPOConfig:
     portable: bool = False  # only rules that emit standard ONNX ops
     max_nodes: int = 512  # padded operator count of an observation
     max_edges: int = 1024  # padded edge count of an observation
-    max_candidates: int = 128  # candidate action slots (plus stop)
+    max_candidates: int = 512  # candidate action slots (plus stop; 128 until 2026-11-27)
     max_site_nodes: int = 4  # node indices kept per candidate site
     horizon: int = 100  # steps per episode before truncation
 
