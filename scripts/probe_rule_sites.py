@@ -4,11 +4,12 @@
 A world model whose action is a rule (not its site) learns a rule's effect as the average over
 the sites its data applied it to, and a controller applies a rule at the site whose rewritten
 graph the env prices lowest (`rlflow.worldmodel.policy.cheapest_site`: offline, the per-op
-cost; the analytic cost until 2026-11-27). This prints, for every offered site of RULE on a
-model's start state, both costs' change in percent of the start's (positive: cheaper), and
-marks the site a controller takes now (per-op) and the one the analytic choice took, so one can
-see where the two part (docs/BENCHMARKS.md, "Learners against search": `nchwc-conv-unblock` on
-ResNet-18 and ResNet-50).
+cost; the analytic cost until 2026-11-27). This prints, for every site of RULE on a model's
+start state (all of them, not only those within the env's candidate slots), both costs'
+change in percent of the start's (positive: cheaper), and marks the site a controller takes
+now (per-op) and the one the analytic choice took, so one can see where the two part
+(docs/BENCHMARKS.md, "Learners against search": `nchwc-conv-unblock` on ResNet-18 and
+ResNet-50).
 
     python scripts/probe_rule_sites.py resnet-18 --size medium --start ort:all \\
         --rule nchwc-conv-unblock
