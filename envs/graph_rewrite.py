@@ -76,10 +76,11 @@ class GraphRewriteEnv(gym.Env):
 
     Candidates whose result has more than `max_nodes` operators or more than `max_edges`
     edges are never offered. When more than `max_candidates` remain, a deterministic
-    subset is kept: round-robin over the rules in rule-set order (the first site of every
-    rule that has one, then the second, ...), so every rule with a site stays represented
-    while space lasts; the kept candidates are then listed in the rule set's own order
-    (rules in order, sites in graph order).
+    subset is kept: each rule's share is a round-robin over the rules in rule-set order (one
+    slot to every rule that has a site, then a second, ...), so every rule with a site stays
+    represented while space lasts, and a rule whose share is smaller than its site count
+    keeps sites spread evenly over the graph, not its first ones; the kept candidates are
+    then listed in the rule set's own order (rules in order, sites in graph order).
 
     ## Observation Space
 
@@ -729,22 +730,32 @@ class GraphRewriteEnv(gym.Env):
 def capped_indices(rule_names: Sequence[str], limit: int) -> list[int]:
     """Which of a candidate list (given by its rules' names, in rule-set order) to keep.
 
-    Round-robin over rules in order of first appearance -- the first candidate of every rule,
-    then the second, ... -- until `limit` are chosen; returned in the list's own order.
+    Each rule's share is a round-robin over rules in order of first appearance (one slot to
+    every rule with a site, then a second, ...) until `limit` are given out; a rule whose
+    share is below its site count keeps sites spread evenly over its list (graph order), not
+    its first ones, so no part of a large graph falls outside every slot (ResNet-50's gaining
+    unblockings sit in its last stage). Returned in the list's own order.
     """
     if len(rule_names) <= limit:
         return list(range(len(rule_names)))
     by_rule: dict[str, list[int]] = {}
     for index, name in enumerate(rule_names):
         by_rule.setdefault(name, []).append(index)
-    chosen: list[int] = []
+    share = dict.fromkeys(by_rule, 0)
+    given = 0
     for rank in itertools.count():
-        for indices in by_rule.values():
-            if rank < len(indices):
-                chosen.append(indices[rank])
-                if len(chosen) == limit:
-                    return sorted(chosen)
-    raise AssertionError("unreachable: limit < len(rule_names)")
+        for name, indices in by_rule.items():
+            if rank < len(indices) and given < limit:
+                share[name] += 1
+                given += 1
+        if given == limit:
+            break
+    chosen: list[int] = []
+    for name, indices in by_rule.items():
+        count, kept = len(indices), share[name]
+        # The midpoints of `kept` equal parts of the rule's sites: 1 of 3 is the middle one.
+        chosen += [indices[(2 * part + 1) * count // (2 * kept)] for part in range(kept)]
+    return sorted(chosen)
 
 
 def measurement_settings(ort_level: str, deploy: str, provider: str = "auto") -> OrtSettings:

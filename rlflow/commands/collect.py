@@ -148,9 +148,9 @@ def add_candidates_argument(parser: argparse.ArgumentParser) -> None:
         "--max-candidates",
         type=int,
         metavar="A",
-        help="the env's candidate slots (default 512): past them each state offers a "
-        "round-robin over the rules of each rule's first sites in graph order, so a rule with "
-        "more sites is never offered at its last ones",
+        help="the env's candidate slots (default 512): past them each state shares them "
+        "round-robin over the rules, each rule's share spread evenly over its sites in graph "
+        "order",
     )
 
 

@@ -26,3 +26,19 @@ def test_every_site_priced_and_the_controllers_site_marked():
         taken = [site for site in sites if site.get(mark)]
         assert len(taken) == 1
         assert taken[0][key] == max(site[key] for site in sites)
+
+
+def test_max_candidates_marks_the_offered_sites_and_the_controller_chooses_among_them():
+    command = [sys.executable, str(SCRIPT), "resnet-18", "--size", "small", "--start", "ort:all"]
+    command += ["--rule", "nchwc-conv-unblock", "--max-candidates", "12", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    sites, offered = report["sites"], [site for site in report["sites"] if site["offered"]]
+    assert report["candidates"] > 12 == report["max_candidates"]
+    assert 0 < len(offered) < len(sites)
+    # Spread over the graph: the rule's offered sites are not just its first ones.
+    assert not all(site["offered"] for site in sites[: len(offered)])
+    taken = [site for site in sites if site.get("controller_takes")]
+    assert len(taken) == 1 and taken[0]["offered"]
+    assert taken[0]["perop_pct"] == max(site["perop_pct"] for site in offered)
