@@ -1,4 +1,5 @@
-"""The per-op cost model measures each distinct operator once, caches it, and never crashes."""
+"""The per-op cost model measures each distinct operator, caches it (the fastest of a few timings
+separated in time), and never crashes."""
 
 from __future__ import annotations
 
@@ -168,3 +169,52 @@ def test_an_nchwc_op_given_logical_shapes_is_a_counted_fallback(tmp_path):
         assert reason in report.fallback_reasons[graph.nodes[0].op_type]
     right = _nchwc_graph(reorder, {"x": (1, block, 4, 4), "y": (1, half, 4, 4)})
     assert model.report(right).fallback_nodes == 0
+
+
+def test_an_entry_is_the_fastest_of_separate_timings(build, tmp_path, monkeypatch):
+    """An entry timed in a slow moment is timed again once OCCASION_SPACING_S has passed,
+    keeps the minimum, and stops being timed after OCCASIONS timings."""
+    import sqlite3
+
+    from rlflow.cost import perop
+
+    graph = load_model(_block_model(build))
+    cache_path = tmp_path / "perop.sqlite"
+    model = PerOpCostModel(cache_path=cache_path, runs=3)
+    first = model.report(graph)
+    distinct = first.measured_now
+    assert model.report(graph).measured_now == 0  # timed a moment ago: not again
+    # A slow moment: every operator's entry 1000x its time, timed an hour ago.
+    with sqlite3.connect(cache_path) as db:
+        db.execute(
+            "UPDATE op_times SET ms = ms * 1000, timed = timed - 3600 WHERE op_type NOT LIKE '(%'"
+        )
+    model = PerOpCostModel(cache_path=cache_path, runs=3)
+    second = model.report(graph)
+    assert second.measured_now == distinct  # each operator timed again
+    assert second.total_ms < 100 * first.total_ms  # the minimum kept, not the slow value
+    assert model.report(graph).measured_now == 0  # timed a moment ago again
+    monkeypatch.setattr(perop, "OCCASION_SPACING_S", 0.0)
+    model = PerOpCostModel(cache_path=cache_path, runs=3)
+    assert model.report(graph).measured_now == distinct  # the third occasion
+    assert model.report(graph).measured_now == 0  # OCCASIONS reached
+    with sqlite3.connect(cache_path) as db:
+        rows = db.execute("SELECT occasions FROM op_times WHERE op_type NOT LIKE '(%'")
+        occasions = {row[0] for row in rows}
+    assert occasions == {perop.OCCASIONS}
+
+
+def test_a_cache_from_before_occasions_opens_with_one_timing_each(build, tmp_path):
+    import sqlite3
+
+    cache_path = tmp_path / "perop.sqlite"
+    with sqlite3.connect(cache_path) as db:
+        db.execute(
+            "CREATE TABLE op_times (key TEXT PRIMARY KEY, op_type TEXT, settings TEXT, "
+            "ms REAL, error TEXT, created REAL)"
+        )
+        db.execute("INSERT INTO op_times VALUES ('k', 'Relu', 's', 0.5, '', 123.0)")
+    model = PerOpCostModel(cache_path=cache_path, runs=3)
+    assert model._lookup("k") == (0.5, "", 1, 123.0)
+    PerOpCostModel(cache_path=cache_path, runs=3)  # opening it again changes nothing
+    assert model.report(load_model(_block_model(build))).total_ms > 0
