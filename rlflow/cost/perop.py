@@ -78,11 +78,11 @@ from rlflow.graph.hashing import digest
 from rlflow.graph.shapes import max_ort_ir_version
 
 COLD_WEIGHT_BYTES = 64 * 2**10
+"""A constant input this large makes an operator's timing cold (see the module docstring)."""
 OCCASIONS = 3
 """An entry is the fastest of this many separate timings (see the module docstring)."""
 OCCASION_SPACING_S = 60.0
 """Seconds between two timings of one entry, so that a slow moment does not span both."""
-"""A constant input this large makes an operator's timing cold (see the module docstring)."""
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
 # larger ones are weights, whose values do not change the running time.
 SMALL_CONSTANT = 8
@@ -573,5 +573,6 @@ def _open_db(path: Path) -> sqlite3.Connection:
                 except sqlite3.OperationalError as error:  # another process added it first
                     if "duplicate column" not in str(error):
                         raise
-        db.execute("UPDATE op_times SET timed = created WHERE timed IS NULL")
+        if "timed" not in columns:
+            db.execute("UPDATE op_times SET timed = created WHERE timed IS NULL")
     return db

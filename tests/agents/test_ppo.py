@@ -65,11 +65,13 @@ def scalars(run_dir) -> dict[str, list[int]]:
 
 
 def test_training_raises_the_return_above_the_untrained_policy(tmp_path) -> None:
-    # The portable rules: an action space a 200-step budget can learn (the NCHWc layout rules
-    # pay only in chains of several steps, which real budgets learn: docs/BENCHMARKS.md).
+    # The portable rules: an action space a 400-step budget can learn (the NCHWc layout rules
+    # pay only in chains of several steps, which real budgets learn: docs/BENCHMARKS.md). At
+    # 200 steps, since the env spreads a rule's slots over its sites (8 slots now offer other
+    # batch-norm folds than the first ones), the greedy episode of every seed tried stops.
     config = PPOConfig(
         models=["resnet-18"],
-        total_steps=200,
+        total_steps=400,
         max_candidates=8,
         horizon=8,
         episodes_per_update=4,
@@ -88,8 +90,9 @@ def test_training_raises_the_return_above_the_untrained_policy(tmp_path) -> None
 
     before = [analytic_return(s) for s in policy_rollouts(untrained, "resnet-18", episodes=10)]
     after = [analytic_return(s) for s in policy_rollouts(trained, "resnet-18", episodes=10)]
-    # Seeded: untrained about -11 % of the cost saved on average (it makes the graph slower),
-    # trained about -1 %: its sampled episodes still stray at 200 steps, so the mean is compared,
+    # Seeded: untrained about -17 % of the cost saved on average (it makes the graph slower),
+    # trained about +2 % (seeds 0 and 1: +2.2 and +2.3 %, the greedy episode +2.9 and +3.6 %);
+    # its sampled episodes still stray, so the mean is compared,
     # and the greedy episode (rollout 0, the one an agent hands back) must make the graph faster.
     assert np.mean(after) > np.mean(before) + 3.0, (before, after)
     assert after[0] > 0.0, after

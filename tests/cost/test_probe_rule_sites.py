@@ -5,6 +5,7 @@ analytic choice where the analytic one is."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ def test_every_site_priced_and_the_controllers_site_marked():
     sites = report["sites"]
     assert report["rule"] == "nchwc-conv-unblock" and len(sites) > 1
     assert len({tuple(site["site"]) for site in sites}) == len(sites)
-    assert all(site["node"] and abs(site["perop_pct"]) < 100 for site in sites)
+    # Finite, not bounded: on the small model operators take microseconds, a rewrite can
+    # double a near-zero net cost.
+    assert all(site["node"] and math.isfinite(site["perop_pct"]) for site in sites)
     for mark, key in (("controller_takes", "perop_pct"), ("analytic_takes", "analytic_pct")):
         taken = [site for site in sites if site.get(mark)]
         assert len(taken) == 1
