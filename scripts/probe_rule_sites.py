@@ -84,6 +84,8 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    if args.max_candidates is not None and args.max_candidates < 1:
+        parser.error("--max-candidates must be at least 1")
     result = rule_sites(args.model, args.size, args.start, args.rule, args.max_candidates)
     if args.json:
         print(json.dumps(result))

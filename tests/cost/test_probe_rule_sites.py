@@ -45,3 +45,10 @@ def test_max_candidates_marks_the_offered_sites_and_the_controller_chooses_among
     taken = [site for site in sites if site.get("controller_takes")]
     assert len(taken) == 1 and taken[0]["offered"]
     assert taken[0]["perop_pct"] == max(site["perop_pct"] for site in offered)
+
+
+def test_max_candidates_below_one_is_a_one_line_error():
+    command = [sys.executable, str(SCRIPT), "resnet-18", "--rule", "nchwc-conv-unblock"]
+    result = subprocess.run(command + ["--max-candidates", "0"], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith("--max-candidates must be at least 1")
