@@ -119,6 +119,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="ignore REPORT_DIR/results.json and start over"
     )
+    parser.add_argument(
+        "--retime",
+        action="store_true",
+        help="time each model's results again in a new interleaved run, the cells kept: an "
+        "independent timing of the same graphs (earlier timings stay in results.json and the "
+        "report; the tuning peer is not timed again)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     parser.set_defaults(run=run)
 
@@ -294,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
     total = len(models) * (len(modes) * (len(methods) + 1) + int(bool(options["peer"])))
     with tqdm(total=total, desc="bench", unit="cell", file=sys.stderr, mininterval=0.5) as bar:
         for model in models:
-            bench_model(model, options, state, out, bar)
+            bench_model(model, options, state, out, bar, retime=args.retime)
     rows = result_rows(state, options)
     outputs = write_report(rows, options, state, out, load_before, time.perf_counter() - started)
     summary = {
@@ -313,11 +320,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def bench_model(
-    model: str, options: dict[str, Any], state: dict[str, Any], out: Path, bar: Any
+    model: str,
+    options: dict[str, Any],
+    state: dict[str, Any],
+    out: Path,
+    bar: Any,
+    retime: bool = False,
 ) -> None:
     """Every method on one model in every deploy mode, then one comparison per mode, then the
     tuning peer; each finished step is saved to results.json at once, and skipped if it is
-    there already."""
+    there already (a comparison of the same graphs too, unless `retime`). A comparison that is
+    redone keeps the one it replaces under "earlier": on this machine a ratio is only believed
+    once a second run says the same, so no timing is thrown away."""
     from rlflow.advantage.spec import run_digest
     from rlflow.cost import Deployment, OrtSettings
     from rlflow.cost.ort_optimizer import start_state, tuning_peer
@@ -436,7 +450,8 @@ def bench_model(
         cells = [state["cells"][f"{label}|{m.label}|{mode}"] for m in options["methods"]]
         members = {cell["method"]: cell["graph_hash"] for cell in cells if cell["equivalent"]}
         comparison_key = f"{label}|{mode}"
-        if state["comparisons"].get(comparison_key, {}).get("members") == members:
+        before = state["comparisons"].get(comparison_key)
+        if before is not None and before["members"] == members and not retime:
             bar.update(1)
             continue
         bar.set_description(f"{label} {mode}: timing")
@@ -459,6 +474,7 @@ def bench_model(
             "runs": {h: m.runs for h, m in measured},
             "speedup": dict(zip(hashes, comparison.speedups, strict=True)),
             "loadavg": list(os.getloadavg()),
+            "earlier": [*before.pop("earlier", []), before] if before is not None else [],
         }
         save()
         bar.update(1)
@@ -492,8 +508,10 @@ def result_rows(state: dict[str, Any], options: dict[str, Any]) -> list[dict[str
                 graph_hash = cell["graph_hash"]
                 measured = cell["equivalent"] and graph_hash in comparison.get("speedup", {})
                 times = comparison.get("ms", {})
+                earlier = [c["speedup"] for c in comparison.get("earlier", [])]
                 cell.update(
                     speedup=comparison["speedup"][graph_hash] if measured else None,
+                    earlier_speedups=[s[graph_hash] for s in earlier if graph_hash in s],
                     original_ms=times.get("original"),
                     optimized_ms=times[graph_hash] if measured else None,
                     peer_speedup=peer.get("speedup"),

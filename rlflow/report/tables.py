@@ -19,6 +19,7 @@ ROW_FIELDS: tuple[str, ...] = (
     "threads",  # intra-op threads of the measurements
     "equivalent",  # the result passed the equivalence check (else no speedup is reported)
     "speedup",  # over the original under ORT's defaults, in the model's interleaved comparison
+    "earlier_speedups",  # the same graph's speedups in that comparison's earlier runs (--retime)
     "peer_speedup",  # the best of onnxruntime's own knobs on the original (the tuning peer)
     "peer_knob",  # which knob that was (level, or level-PASS with that pass off)
     "original_ms",  # the original's median run in that comparison
@@ -68,7 +69,9 @@ def _speedup(row: Row) -> str:
         return "not equivalent"
     if row.get("speedup") is None:
         return "—"
-    return f"{row['speedup']:.3f}x"
+    earlier = row.get("earlier_speedups") or []
+    before = f" (earlier {', '.join(f'{s:.3f}x' for s in earlier)})" if earlier else ""
+    return f"{row['speedup']:.3f}x{before}"
 
 
 def _steps(row: Row) -> str:

@@ -1,5 +1,6 @@
 """`rlflow bench`: report.md, PNG plots and results.json for two models and two methods; a rerun
-resumes instead of redoing; a trained agent adds learning curves; bad input is one line."""
+resumes instead of redoing, and `--retime` times the same graphs again; a trained agent adds
+learning curves; bad input is one line."""
 
 from __future__ import annotations
 
@@ -80,6 +81,21 @@ def test_two_models_two_methods_report_and_plots(tmp_path, capsys):
     assert json.loads((out / "results.json").read_text())["comparisons"] == results["comparisons"]
     assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == before
     assert [row["speedup"] for row in again["rows"]] == [row["speedup"] for row in rows]
+
+    # --retime keeps every cell and times each model's graphs again; the first timing stays.
+    retimed = bench(capsys, out, *args, "--retime")
+    after = json.loads((out / "results.json").read_text())
+    assert after["cells"] == results["cells"]
+    assert {path: path.stat().st_mtime_ns for path in (out / "models").iterdir()} == before
+    for key, comparison in after["comparisons"].items():
+        first = {k: v for k, v in results["comparisons"][key].items() if k != "earlier"}
+        assert comparison["earlier"] == [first]
+        assert comparison["members"] == first["members"]
+    for row, old in zip(retimed["rows"], rows, strict=True):
+        assert row["earlier_speedups"] == [old["speedup"]]
+        comparison = after["comparisons"][f"{row['model']}|offline"]
+        assert row["speedup"] == comparison["speedup"][row["graph_hash"]]
+    assert "(earlier " in (out / "report.md").read_text()
 
 
 def test_configs_bench_yaml_mirrors_the_defaults():
