@@ -53,14 +53,17 @@ def agent_rollouts(
 
     The env is `policy.env_config` with `size` and then `env_overrides` applied (e.g. a
     larger `max_nodes` for a full-size model, or `cost="analytic"` to roll out without
-    measuring); episodes last at most its `horizon` steps. Rollout 0 is greedy, the others
-    sample with `np.random.default_rng(seed)`.
+    measuring); episodes last at most its `horizon` steps (or the policy's own `horizon`, a
+    controller's dream horizon). Rollout 0 is greedy, the others sample with
+    `np.random.default_rng(seed)`.
     """
     if episodes < 1:
         raise RlflowError(f"episodes must be at least 1, got {episodes}")
     kwargs = {**policy.env_config, "size": size, **(env_overrides or {})}
     kwargs.pop("models", None)
-    horizon = kwargs.get("horizon") or MAX_EPISODE_STEPS
+    # A controller stops itself after its dream's horizon (`policy.horizon`), which may be
+    # longer than the env's default limit: the env must let it get there.
+    horizon = kwargs.get("horizon") or getattr(policy, "horizon", None) or MAX_EPISODE_STEPS
     env = gym.make(
         GRAPH_REWRITE_ID,
         models=[model],
