@@ -192,7 +192,7 @@ class DreamBatch:
 def default_dream_steps(world: WorldModel) -> int:
     """A dream episode's length unless told otherwise: the real env's `max_episode_steps` (else
     50), cut at the longest episode of the data, past which M has seen no step."""
-    limit = int(world.meta["env"].get("max_episode_steps", 50))
+    limit = world.max_episode_steps
     return min(limit, world.longest_episode) if world.longest_episode > 0 else limit
 
 

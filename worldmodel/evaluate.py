@@ -37,7 +37,7 @@ def real_env(world: WorldModel, model: str) -> Any:
 
     from rlflow.envs import GRAPH_REWRITE_ID
 
-    steps = int(world.meta["env"].get("max_episode_steps", 50))
+    steps = world.max_episode_steps
     return gym.make(GRAPH_REWRITE_ID, models=[model], max_episode_steps=steps, **env_config(world))
 
 

@@ -137,6 +137,13 @@ class WorldModel:
         return np.where(stop, self.rnn.num_rules, rules)
 
     @property
+    def max_episode_steps(self) -> int:
+        """The real env's episode limit when the data was collected (its TimeLimit; 50 if not
+        recorded): the env a controller acts in gets the same, so that the step fraction it
+        observes is the one its world model learnt from."""
+        return int(self.meta["env"].get("max_episode_steps", 50))
+
+    @property
     def longest_episode(self) -> int:
         """Steps of the data's longest episode, past which M has seen no step (0: unknown, a
         world model made before it was recorded)."""

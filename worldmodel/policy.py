@@ -97,6 +97,7 @@ class ControllerPolicy:
     ):
         self.world, self.controller, self.temperature = world, controller, temperature
         self.horizon = horizon  # rewrites per episode at most (None: the env's limit only)
+        self.max_episode_steps = world.max_episode_steps  # the env's limit, as in its data
         self.env_config: dict[str, Any] = env_config(world)
         from rlflow.nn.features import GLOBAL_FEATURES
 

@@ -53,17 +53,18 @@ def agent_rollouts(
 
     The env is `policy.env_config` with `size` and then `env_overrides` applied (e.g. a
     larger `max_nodes` for a full-size model, or `cost="analytic"` to roll out without
-    measuring); episodes last at most its `horizon` steps (or the policy's own `horizon`, a
-    controller's dream horizon). Rollout 0 is greedy, the others sample with
+    measuring); episodes last at most its `horizon` steps (a controller's: its data's episode
+    limit, `policy.max_episode_steps`). Rollout 0 is greedy, the others sample with
     `np.random.default_rng(seed)`.
     """
     if episodes < 1:
         raise RlflowError(f"episodes must be at least 1, got {episodes}")
     kwargs = {**policy.env_config, "size": size, **(env_overrides or {})}
     kwargs.pop("models", None)
-    # A controller stops itself after its dream's horizon (`policy.horizon`), which may be
-    # longer than the env's default limit: the env must let it get there.
-    horizon = kwargs.get("horizon") or getattr(policy, "horizon", None) or MAX_EPISODE_STEPS
+    # A controller acts in the env its data came from: its limit may be longer than the
+    # default, and the step fraction it observes depends on it.
+    limit = getattr(policy, "max_episode_steps", None)
+    horizon = kwargs.get("horizon") or limit or MAX_EPISODE_STEPS
     env = gym.make(
         GRAPH_REWRITE_ID,
         models=[model],

@@ -226,14 +226,14 @@ def test_agent_rollouts_keep_the_cheapest_graph_passed(tmp_path) -> None:
     assert kept  # the random walk overshot at least once
 
 
-def test_agent_rollouts_run_to_the_policys_own_horizon() -> None:
-    """A controller whose dream episodes were longer than the env's default limit (50 steps)
-    gets its whole horizon in `rlflow optimize` and `bench` too, not 50."""
+def test_agent_rollouts_run_to_the_policys_own_episode_limit() -> None:
+    """A controller whose data was collected with a longer episode limit than the env's default
+    (50 steps) acts under that limit in `rlflow optimize` and `bench` too, not under 50."""
     from rlflow.agents.evaluate import agent_rollouts
     from rlflow.worldmodel.collect import RandomPolicy
 
     policy = RandomPolicy(stop_probability=0.0)
     policy.env_config = {"cost": "analytic"}
-    policy.horizon = 60
+    policy.max_episode_steps = 60
     lengths = [len(r.final.actions) for r in agent_rollouts(policy, "resnet-18", episodes=2)]
     assert max(lengths) > 50 and max(lengths) <= 60, lengths

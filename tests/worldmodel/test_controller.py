@@ -175,11 +175,10 @@ def test_run_policy_follows_its_select_setting(pipeline, tmp_path):
 def test_real_env_runs_as_the_data_was_collected(pipeline):
     """The controller's real check starts where its data started (onnxruntime's graph, say)
     and deploys as it did, not at the env's defaults."""
-    from types import SimpleNamespace
-
     world = WorldModel.load(pipeline.wm)
     meta_env = {**world.meta["env"], "start": "ort:all", "deploy": "offline", "cost": "analytic"}
-    env = real_env(SimpleNamespace(meta={"env": meta_env}), "resnet-18")
+    world.meta = {**world.meta, "env": meta_env}
+    env = real_env(world, "resnet-18")
     try:
         _, info = env.reset(seed=0)
         unwrapped = env.unwrapped
