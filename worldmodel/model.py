@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rlflow.envs import MAX_EPISODE_STEPS
 from rlflow.errors import RlflowError, first_line
 from rlflow.fileio import write_bytes_atomic, write_torch_atomic
 from rlflow.nn import collate_graphs, graph_to_data
@@ -138,10 +139,10 @@ class WorldModel:
 
     @property
     def max_episode_steps(self) -> int:
-        """The real env's episode limit when the data was collected (its TimeLimit; 50 if not
-        recorded): the env a controller acts in gets the same, so that the step fraction it
-        observes is the one its world model learnt from."""
-        return int(self.meta["env"].get("max_episode_steps", 50))
+        """The real env's episode limit when the data was collected (its TimeLimit; the env's
+        default if not recorded): the env a controller acts in gets the same, so that the step
+        fraction it observes is the one its world model learnt from."""
+        return int(self.meta["env"].get("max_episode_steps", MAX_EPISODE_STEPS))
 
     @property
     def longest_episode(self) -> int:

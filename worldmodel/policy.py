@@ -97,7 +97,6 @@ class ControllerPolicy:
     ):
         self.world, self.controller, self.temperature = world, controller, temperature
         self.horizon = horizon  # rewrites per episode at most (None: the env's limit only)
-        self.max_episode_steps = world.max_episode_steps  # the env's limit, as in its data
         self.env_config: dict[str, Any] = env_config(world)
         from rlflow.nn.features import GLOBAL_FEATURES
 
@@ -116,6 +115,11 @@ class ControllerPolicy:
         self._visited = set()
         self._blocked = np.zeros(self.world.num_actions, dtype=bool)
         self._steps = 0
+
+    @property
+    def max_episode_steps(self) -> int:
+        """The episode limit of the env it acts in: its data's (`agent_rollouts` reads it)."""
+        return self.world.max_episode_steps
 
     @torch.no_grad()
     def act(
