@@ -21,19 +21,16 @@ graphs (`--perop-cache` to use another, e.g. the shared one).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 from rlflow.cost import Deployment, OrtSettings, PerOpCostModel
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.ort_optimizer import start_state
 from rlflow.cost.runner import kth_smallest
-from rlflow.cost.session import make_session, timed_run
+from rlflow.cost.session import kernel_times_ms, make_session, timed_run
 from rlflow.cost.source import ModelSource
 from rlflow.errors import RlflowError
 from rlflow.graph import Graph, load_model
@@ -41,27 +38,6 @@ from rlflow.zoo import cached_path
 
 WARMUP = 5
 """Runs left out of every statistic (the first runs allocate and prepack)."""
-
-
-def in_graph_kernel_ms(
-    source: ModelSource, feeds: dict, settings: OrtSettings, runs: int
-) -> dict[str, float]:
-    """Each node's median kernel time in ms inside the graph under `settings`, from
-    onnxruntime's profiler."""
-    prefix = os.path.join(tempfile.gettempdir(), "rlflow_perop_profile")
-    session = make_session(source.model_bytes(), settings, profile_prefix=prefix)
-    run = timed_run(session, feeds)
-    for _ in range(WARMUP + runs):
-        run()
-    path = Path(session.end_profiling())
-    events = json.loads(path.read_text())
-    path.unlink()
-    times: dict[str, list[float]] = defaultdict(list)
-    for event in events:
-        name = event.get("name", "")
-        if event.get("cat") == "Node" and name.endswith("_kernel_time"):
-            times[name.removesuffix("_kernel_time")].append(event["dur"] / 1000)
-    return {node: statistics.median(values[WARMUP:]) for node, values in times.items()}
 
 
 def profile(graph: Graph, label: str, perop: PerOpCostModel, runs: int, show: int) -> None:
@@ -74,7 +50,7 @@ def profile(graph: Graph, label: str, perop: PerOpCostModel, runs: int, show: in
     for _ in range(WARMUP):
         run()
     e2e = kth_smallest([run() for _ in range(runs)])  # the per-op bench's statistic
-    inside = in_graph_kernel_ms(source, feeds, settings, runs)
+    inside = kernel_times_ms(source.model_bytes(), settings, feeds, runs, WARMUP)
     estimate = perop.report(graph).total_ms
     by_type: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     rows = []

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
+import statistics
 import sys
+import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -235,3 +241,32 @@ def _timed_device_run(
         return (time.perf_counter_ns() - start) / 1e6
 
     return run  # the binding holds its own references to the device copies
+
+
+def kernel_times_ms(
+    model_bytes: bytes,
+    settings: OrtSettings,
+    feeds: Mapping[str, np.ndarray],
+    runs: int,
+    warmup: int = 5,
+) -> dict[str, float]:
+    """Each node's median kernel time in ms *inside* the graph, from onnxruntime's profiler,
+    over `runs` runs after `warmup` left out (the first runs allocate and prepack).
+
+    What a node costs inside its graph, where the operators before it decide what is still in
+    the cache, as against alone: the diagnostics that compare the two, or a node's time with its
+    roofline floor, read it here."""
+    prefix = os.path.join(tempfile.gettempdir(), "rlflow_kernel_profile")
+    session = make_session(model_bytes, settings, profile_prefix=prefix)
+    run = timed_run(session, feeds)
+    for _ in range(warmup + runs):
+        run()
+    path = Path(session.end_profiling())
+    events = json.loads(path.read_text())
+    path.unlink()
+    times: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        name = event.get("name", "")
+        if event.get("cat") == "Node" and name.endswith("_kernel_time"):
+            times[name.removesuffix("_kernel_time")].append(event["dur"] / 1000)
+    return {node: statistics.median(values[warmup:]) for node, values in times.items()}
