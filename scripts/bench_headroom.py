@@ -14,7 +14,9 @@ it. For each graph, run as it declares (offline: as written):
 - its end-to-end time (3rd-smallest of `--runs`) and each kernel's time inside the graph
   (onnxruntime's profiler, median of `--runs`);
 - per operator type: time inside the graph, GFLOP/s reached, that rate as a share of the peak,
-  and the roofline floor against the time (1.0 = at the roofline).
+  and the roofline floor against the time (1.0 = at the roofline); for the matrix operators
+  together (Conv, Gemm, MatMul and onnxruntime's fused kinds), their FLOP rate over the peak:
+  how much a faster schedule of the same multiply-adds could gain.
 
     python scripts/bench_headroom.py --graphs resnet-18:ort:all bert:ort:all --out runs/hr-full
     python scripts/bench_headroom.py --files runs/bench/models/MODEL.onnx --out runs/hr-result
@@ -49,8 +51,11 @@ from rlflow.zoo import cached_path
 WARMUP = 5
 """Runs left out of every statistic (the first runs allocate and prepack)."""
 
-COMPUTE_BOUND = "compute-bound"
-MEMORY_BOUND = "memory-bound"
+MATRIX_OPS = frozenset(
+    {"Conv", "FusedConv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul", "Attention", "Einsum"}
+)
+"""Operators whose time is their multiply-adds: their FLOP rate against the peak says how much a
+faster schedule of the same work could still gain."""
 
 
 @dataclass
@@ -62,7 +67,10 @@ class OpTypeRow:
     inside_ms: float
     gflop: float
     floor_ms: float
-    bound: str  # whether the floor of most of its time is the FLOP rate or the bandwidth
+
+    @property
+    def matrix(self) -> bool:
+        return self.op_type in MATRIX_OPS
 
 
 @dataclass
@@ -82,17 +90,20 @@ class GraphRow:
         """Floor over end to end: 1.0 would leave a rewrite that keeps the work nothing."""
         return self.floor_ms / self.e2e_ms
 
-    def share_of_peak(self, bound: str) -> tuple[float, float]:
-        """(share of the kernel time, FLOP rate or floor/time) of the operators with `bound`."""
-        rows = [row for row in self.op_types if row.bound == bound]
+    def matrix_share(self) -> tuple[float, float]:
+        """(share of the kernel time, FLOP rate over the peak) of the matrix operators."""
+        rows = [row for row in self.op_types if row.matrix]
         inside = sum(row.inside_ms for row in rows)
         if not inside:
             return 0.0, 0.0
-        if bound == COMPUTE_BOUND:
-            rate = sum(row.gflop for row in rows) / (inside * 1e-3) / self.peak_gflops
-        else:
-            rate = sum(row.floor_ms for row in rows) / inside
+        rate = sum(row.gflop for row in rows) / (inside * 1e-3) / self.peak_gflops
         return inside / self.kernels_ms, rate
+
+    def others_at_floor(self) -> float:
+        """The other operators' roofline floor over their time inside the graph."""
+        rows = [row for row in self.op_types if not row.matrix]
+        inside = sum(row.inside_ms for row in rows)
+        return sum(row.floor_ms for row in rows) / inside if inside else 0.0
 
 
 def measure(graph: Graph, label: str, base: OrtSettings, runs: int) -> GraphRow:
@@ -113,29 +124,19 @@ def measure(graph: Graph, label: str, base: OrtSettings, runs: int) -> GraphRow:
         cache_bytes=after.cache_bytes,
     )
     analytic = AnalyticCostModel(peaks=peaks)
-    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for node in graph.nodes:
         if node.name not in inside:
             continue  # an alias onnxruntime does not run as a kernel
         cost = analytic.node_cost(graph, node)
-        floor = analytic.op_time_ms(cost, node.op_type)
-        flop_ms = cost.flops * 1e3 / (peaks.gflops * 1e9)
         entry = totals[node.op_type]
         entry[0] += 1
         entry[1] += inside[node.name]
         entry[2] += cost.flops / 1e9
-        entry[3] += floor
-        entry[4] += inside[node.name] if 0 < floor <= flop_ms else 0.0
+        entry[3] += analytic.op_time_ms(cost, node.op_type)
     op_types = [
-        OpTypeRow(
-            op_type,
-            int(count),
-            inside_ms,
-            gflop,
-            floor_ms,
-            COMPUTE_BOUND if compute_ms >= inside_ms / 2 else MEMORY_BOUND,
-        )
-        for op_type, (count, inside_ms, gflop, floor_ms, compute_ms) in totals.items()
+        OpTypeRow(op_type, int(count), inside_ms, gflop, floor_ms)
+        for op_type, (count, inside_ms, gflop, floor_ms) in totals.items()
     ]
     op_types.sort(key=lambda row: -row.inside_ms)
     return GraphRow(
@@ -154,25 +155,23 @@ def measure(graph: Graph, label: str, base: OrtSettings, runs: int) -> GraphRow:
 def markdown(rows: list[GraphRow], show: int) -> str:
     lines = [
         "| graph | end to end ms | kernels ms | roofline floor ms | floor / end to end "
-        "| most a rewrite keeping the work can gain | compute-bound ops: share of time, "
-        "share of peak FLOP/s | memory-bound ops: share of time, floor / time "
-        "| peak GFLOP/s | load | date |",
+        "| most a rewrite keeping the work can gain | matrix operators: share of the time, "
+        "FLOP rate / peak | the others: floor / time | peak GFLOP/s | load | date |",
         "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---|",
     ]
     for row in rows:
-        compute_share, compute_rate = row.share_of_peak(COMPUTE_BOUND)
-        memory_share, memory_rate = row.share_of_peak(MEMORY_BOUND)
+        matrix_share, matrix_rate = row.matrix_share()
         lines.append(
             f"| {row.label} | {row.e2e_ms:.3f} | {row.kernels_ms:.3f} | {row.floor_ms:.3f} "
             f"| {row.at_roofline:.0%} | {1 / row.at_roofline:.2f}x "
-            f"| {compute_share:.0%}, **{compute_rate:.0%}** | {memory_share:.0%}, "
-            f"{memory_rate:.0%} | {row.peak_gflops:.0f} | {row.load:.2f} | {row.date} |"
+            f"| {matrix_share:.0%}, **{matrix_rate:.0%}** | {row.others_at_floor():.0%} "
+            f"| {row.peak_gflops:.0f} | {row.load:.2f} | {row.date} |"
         )
     lines += ["", "Per operator type (the largest by time inside the graph):", ""]
     lines += [
         "| graph | operator | nodes | inside ms | share | GFLOP/s | share of peak FLOP/s "
-        "| floor / time | bound |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| floor / time |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         for op in row.op_types[:show]:
@@ -180,7 +179,7 @@ def markdown(rows: list[GraphRow], show: int) -> str:
             lines.append(
                 f"| {row.label} | {op.op_type} | {op.nodes} | {op.inside_ms:.3f} "
                 f"| {op.inside_ms / row.kernels_ms:.0%} | {rate:.0f} "
-                f"| {rate / row.peak_gflops:.0%} | {op.floor_ms / op.inside_ms:.0%} | {op.bound} |"
+                f"| {rate / row.peak_gflops:.0%} | {op.floor_ms / op.inside_ms:.0%} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -193,21 +192,19 @@ def plot(rows: list[GraphRow], path: Path) -> None:
 
     labels = [row.label for row in rows]
     whole = [row.at_roofline for row in rows]
-    compute = [row.share_of_peak(COMPUTE_BOUND)[1] for row in rows]
+    matrix = [row.matrix_share()[1] for row in rows]
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.5))
     ys = range(len(rows))
-    ax.barh([y + 0.2 for y in ys], whole, height=0.4, label="whole graph: roofline floor / time")
-    ax.barh(
-        [y - 0.2 for y in ys],
-        compute,
-        height=0.4,
-        label="compute-bound operators: FLOP rate / peak",
-    )
+    ax.barh([y - 0.2 for y in ys], whole, height=0.4, label="whole graph: roofline floor / time")
+    ax.barh([y + 0.2 for y in ys], matrix, height=0.4, label="matrix operators: FLOP rate / peak")
+    for y, share in zip(ys, whole, strict=True):
+        ax.text(share + 0.01, y - 0.2, f"at most {1 / share:.2f}x", va="center", fontsize=7)
     ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlim(0, 1.15)
     ax.set_yticks(list(ys), labels)
     ax.invert_yaxis()
     ax.set_xlabel("share of this core's peak, measured beside each graph")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
