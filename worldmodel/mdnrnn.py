@@ -91,6 +91,11 @@ class MDNRNN(nn.Module):
         with torch.no_grad():  # most rules are never applicable: start their logits at "no"
             self.head.bias[3 * mixtures * latent + 2 :] = MASK_PRIOR_LOGIT
 
+    @torch.no_grad()
+    def set_mask_prior(self, logits: Tensor) -> None:
+        """Start the applicability head at `logits` (R,) per rule (with no evidence from h)."""
+        self.head.bias[3 * self.mixtures * self.latent + 2 :] = logits.to(self.head.bias.dtype)
+
     @property
     def stop_action(self) -> int:
         return self.num_rules

@@ -10,6 +10,7 @@ the further members of an ensemble (`--ensemble K`) under `wm/memberK/`.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class WorldModelSettings:
     mixtures: int = 8  # Gaussians per latent dimension (World Models: 5; RLFlow: 8)
     action_embedding: int = 32  # size of the learned rule embedding fed to the LSTM
     rnn_epochs: int = 40  # passes over the training episodes
-    rnn_batch: int = 16  # episodes per MDN-RNN minibatch
+    rnn_batch: int = 16  # episodes per MDN-RNN minibatch (fewer on small data: rnn_batch_size)
     rnn_lr: float = 1e-3  # Adam learning rate of the MDN-RNN
     cost_head: str = "step"  # M's cost output: step (the change from C_t) | level (C_{t+1} / C_0)
     ensemble: int = 5
@@ -80,6 +81,45 @@ class WorldModelSettings:
             raise RlflowError(
                 f"unknown cost head {self.cost_head!r}; choose one of {', '.join(COST_HEADS)}"
             )
+
+
+MIN_RNN_BATCHES = 4
+"""Minibatches per epoch of M at least (see `rnn_batch_size`)."""
+
+
+def rnn_batch_size(settings: WorldModelSettings, episodes: int) -> int:
+    """Episodes per minibatch of M: `rnn_batch`, or fewer when that would leave fewer than
+    `MIN_RNN_BATCHES` minibatches an epoch.
+
+    Few long episodes (SqueezeNet's data: 11 training episodes of up to 100 steps) fit in one
+    minibatch of 16, so 40 epochs were 40 updates of M, where 64 episodes give 160. M needs
+    updates, not passes; data with `MIN_RNN_BATCHES` minibatches or more is split as before."""
+    if math.ceil(episodes / settings.rnn_batch) >= MIN_RNN_BATCHES:
+        return settings.rnn_batch
+    return max(1, math.ceil(episodes / MIN_RNN_BATCHES))
+
+
+MASK_PRIOR_FLOOR = 1e-3
+"""The rarest applicability (and 1 - the commonest) a rule's prior logit is set from."""
+
+
+def mask_prior_logits(data: RolloutData, episodes: Sequence[int]) -> np.ndarray:
+    """(R,) log-odds of each rule being applicable after a step of `episodes`: where M's
+    applicability head starts, instead of "not applicable" for every rule.
+
+    A dream goes on only while M predicts some rule applicable. Started at "no" for every rule,
+    an M trained on few episodes (SqueezeNet's 11) said "no" to every rule after the first step
+    of every episode, where the data had 7 applicable, so every dream ended there and the
+    controllers learnt from one step's reward; more updates alone (`rnn_batch_size`) left one
+    seed of three so. Started at each rule's frequency, the rules applicable most of the time
+    begin so, and M learns where they are not."""
+    sequences = episode_sequences(data, episodes)
+    steps = sequences.steps[sequences.valid]
+    if not len(steps):
+        return np.full(data.num_rules, np.log(MASK_PRIOR_FLOOR / (1 - MASK_PRIOR_FLOOR)))
+    frequency = data.arrays["next_rule_applicable"][steps].mean(axis=0)
+    frequency = np.clip(frequency, MASK_PRIOR_FLOOR, 1 - MASK_PRIOR_FLOOR)
+    return np.log(frequency / (1 - frequency))
 
 
 def _generator(seed: int, stage: int, epoch: int, *member: int) -> tuple[np.random.Generator, int]:
@@ -373,6 +413,7 @@ def train_rnn(
     extra = (member,) if member else ()  # member 0 draws what a one-member run draws
     torch.manual_seed(settings.seed + 1 + 7919 * member)
     rnn = MDNRNN(**kwargs)
+    rnn.set_mask_prior(torch.as_tensor(mask_prior_logits(data, train_episodes)))
     optimizer = torch.optim.Adam(rnn.parameters(), lr=settings.rnn_lr)
     epoch = 0
     checkpoint = load_checkpoint(path, "MDN-RNN checkpoint") if path.exists() else None
@@ -409,8 +450,9 @@ def train_rnn(
         rnn.train()
         totals = dict.fromkeys(RNN_SCALARS, 0.0)
         count = 0
-        for start in range(0, len(order), settings.rnn_batch):
-            chunk = order[start : start + settings.rnn_batch]
+        batch = rnn_batch_size(settings, len(order))
+        for start in range(0, len(order), batch):
+            chunk = order[start : start + batch]
             sequences = episode_sequences(data, chunk)
             losses = rnn_batch_losses(rnn, data, sequences, latents)
             optimizer.zero_grad()
