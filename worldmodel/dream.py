@@ -196,6 +196,30 @@ def default_dream_steps(world: WorldModel) -> int:
     return min(limit, world.longest_episode) if world.longest_episode > 0 else limit
 
 
+def uniform_dream_steps(world: WorldModel, episodes: int = 64, seed: int = 0) -> np.ndarray:
+    """(episodes,) lengths of dreams under a uniform policy over the applicable dream actions,
+    stopping only when nothing else is: how far M lets a controller go.
+
+    A dream ends when M predicts no rule applicable, so dreams far shorter than the data's
+    episodes say M's applicability head has not learnt: SqueezeNet's world models, trained on
+    12-32 episodes, ended every dream after its first step, and their controllers learnt from
+    one step's reward (docs/BENCHMARKS.md). `train-wm` reports the mean."""
+    rng = np.random.default_rng(seed)
+    batch = DreamBatch(world, episodes=episodes, max_steps=default_dream_steps(world), rng=rng)
+    _, mask = batch.reset()
+    stop = world.num_actions - 1
+    alive = np.ones(episodes, dtype=bool)
+    lengths = np.zeros(episodes, dtype=np.int64)
+    while alive.any():
+        actions = [
+            rng.choice(np.flatnonzero(row[:stop])) if row[:stop].any() else stop for row in mask
+        ]
+        _, _, terminated, truncated, mask = batch.step(np.asarray(actions))
+        lengths[alive] += 1
+        alive &= ~(terminated | truncated)
+    return lengths
+
+
 def start_costs(start: dict[str, np.ndarray], chosen: np.ndarray) -> np.ndarray:
     """C_0 / C_0 of the chosen start graphs: 1, unless the data recorded otherwise."""
     if "cost" not in start:

@@ -89,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
             f"{rnn['mdn_nll']:.2f} cost mse {rnn['cost_mse']:.3f} done bce "
             f"{rnn['done_bce']:.3f} mask bce {rnn['mask_bce']:.3f}"
         )
+        dreams = summary["dream_steps"]
+        print(
+            f"dreams under a uniform policy: {dreams['mean']:.1f} steps on the mean (the data's "
+            f"longest episode: {dreams['longest_episode']}; a dream ends when M predicts no "
+            "rule applicable)"
+        )
         print(
             f"real env steps {summary['real_env_steps']}, real measurements "
             f"{summary['real_measurements']}; wall {summary['wall_s']:.1f} s"

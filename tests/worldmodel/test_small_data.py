@@ -64,3 +64,9 @@ def test_with_no_evidence_m_predicts_the_prior():
     rnn.set_mask_prior(prior)
     output = rnn.head_output(torch.zeros(1, 8))
     torch.testing.assert_close(output.mask_logits[0], prior)
+
+
+def test_train_wm_reports_how_far_its_dreams_go(pipeline):
+    """The pipeline's M lets a dream go past its first step, as SqueezeNet's did not."""
+    dreams = pipeline.train_wm["dream_steps"]
+    assert 1 < dreams["mean"] <= dreams["longest_episode"]
