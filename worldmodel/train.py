@@ -114,10 +114,10 @@ def mask_prior_logits(data: RolloutData, episodes: Sequence[int]) -> np.ndarray:
     of every episode, where the data had 7 applicable, so every dream ended there and the
     controllers learnt from one step's reward; more updates alone (`rnn_batch_size`) left one
     seed of three so. Started at each rule's frequency, the rules applicable most of the time
-    begin so, and M learns where they are not. Only on few episodes (fewer than
-    `MIN_RNN_BATCHES` minibatches of `rnn_batch`): on the test pipeline's 32, where the uniform
-    start learns, this one left M's cost head worse on the held-out episodes in three seeds of
-    three (squared error 36, 64 and 10, against 16, 57 and 7 from the uniform start)."""
+    begin so, and M learns where they are not. `train_rnn` starts M here only on few episodes
+    (fewer than `MIN_RNN_BATCHES` minibatches of `rnn_batch`): on the test pipeline's 32, where
+    the uniform start learns, this one left M's cost head worse on the held-out episodes in three
+    seeds of three (squared error 36, 64 and 10, against 16, 57 and 7 from the uniform start)."""
     sequences = episode_sequences(data, episodes)
     steps = sequences.steps[sequences.valid]
     if not len(steps):
