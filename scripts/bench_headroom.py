@@ -36,11 +36,11 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlflow.cost import AnalyticCostModel, Deployment, MachinePeaks, OrtSettings
+from rlflow.cost import AnalyticCostModel, Deployment, OrtSettings
 from rlflow.cost.deploy import declared_settings
 from rlflow.cost.inputs import random_inputs
 from rlflow.cost.ort_optimizer import start_state
-from rlflow.cost.peaks import measure_peaks
+from rlflow.cost.peaks import best_of, measure_peaks
 from rlflow.cost.runner import kth_smallest
 from rlflow.cost.session import kernel_times_ms, make_session, timed_run
 from rlflow.cost.source import ModelSource
@@ -119,12 +119,7 @@ def measure(graph: Graph, label: str, base: OrtSettings, runs: int) -> GraphRow:
     e2e = kth_smallest([run() for _ in range(runs)])
     inside = kernel_times_ms(source.model_bytes(), settings, feeds, runs, WARMUP)
     after = measure_peaks(settings)
-    peaks = MachinePeaks(
-        gflops=max(before.gflops, after.gflops),
-        gbps=max(before.gbps, after.gbps),
-        cache_gbps=max(before.cache_gbps or 0.0, after.cache_gbps or 0.0) or None,
-        cache_bytes=after.cache_bytes,
-    )
+    peaks = best_of(before, after)
     analytic = AnalyticCostModel(peaks=peaks)
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for node in graph.nodes:

@@ -96,13 +96,14 @@ def machine_peaks(settings: OrtSettings, *, refresh: bool = False) -> MachinePea
     else:
         peaks = measure_peaks(settings)
         if entry:
-            peaks = _best_of(MachinePeaks(**entry), peaks)
+            peaks = best_of(MachinePeaks(**entry), peaks)
         update_json_atomic(path, {key: asdict(peaks)})
     _memory[key] = peaks
     return peaks
 
 
-def _best_of(old: MachinePeaks, new: MachinePeaks) -> MachinePeaks:
+def best_of(old: MachinePeaks, new: MachinePeaks) -> MachinePeaks:
+    """Each peak the better of two measurements (a peak is a best case); `new`'s cache size."""
     return MachinePeaks(
         gflops=max(old.gflops, new.gflops),
         gbps=max(old.gbps, new.gbps),
