@@ -89,14 +89,21 @@ MIN_RNN_BATCHES = 4
 """Minibatches per epoch of M at least (see `rnn_batch_size`)."""
 
 
+def few_episodes(settings: WorldModelSettings, episodes: int) -> bool:
+    """Whether `episodes` make fewer than `MIN_RNN_BATCHES` minibatches of `rnn_batch`: the data
+    on which M is trained with smaller minibatches (`rnn_batch_size`) and its applicability
+    head started at each rule's frequency (`mask_prior_logits`)."""
+    return math.ceil(episodes / settings.rnn_batch) < MIN_RNN_BATCHES
+
+
 def rnn_batch_size(settings: WorldModelSettings, episodes: int) -> int:
-    """Episodes per minibatch of M: `rnn_batch`, or fewer when that would leave fewer than
+    """Episodes per minibatch of M: `rnn_batch`, or on `few_episodes` as many as make
     `MIN_RNN_BATCHES` minibatches an epoch.
 
     Few long episodes (SqueezeNet's data: 11 training episodes of up to 100 steps) fit in one
     minibatch of 16, so 40 epochs were 40 updates of M, where 64 episodes give 160. M needs
     updates, not passes; data with `MIN_RNN_BATCHES` minibatches or more is split as before."""
-    if math.ceil(episodes / settings.rnn_batch) >= MIN_RNN_BATCHES:
+    if not few_episodes(settings, episodes):
         return settings.rnn_batch
     return max(1, math.ceil(episodes / MIN_RNN_BATCHES))
 
@@ -114,8 +121,8 @@ def mask_prior_logits(data: RolloutData, episodes: Sequence[int]) -> np.ndarray:
     of every episode, where the data had 7 applicable, so every dream ended there and the
     controllers learnt from one step's reward; more updates alone (`rnn_batch_size`) left one
     seed of three so. Started at each rule's frequency, the rules applicable most of the time
-    begin so, and M learns where they are not. `train_rnn` starts M here only on few episodes
-    (fewer than `MIN_RNN_BATCHES` minibatches of `rnn_batch`): on the test pipeline's 32, where
+    begin so, and M learns where they are not. `train_rnn` starts M here only on
+    `few_episodes`: on the test pipeline's 32 (four minibatches of 8), where
     the uniform start learns, this one left M's cost head worse on the held-out episodes in three
     seeds of three (squared error 36, 64 and 10, against 16, 57 and 7 from the uniform start)."""
     sequences = episode_sequences(data, episodes)
@@ -418,7 +425,7 @@ def train_rnn(
     extra = (member,) if member else ()  # member 0 draws what a one-member run draws
     torch.manual_seed(settings.seed + 1 + 7919 * member)
     rnn = MDNRNN(**kwargs)
-    if rnn_batch_size(settings, len(train_episodes)) < settings.rnn_batch:  # few episodes
+    if few_episodes(settings, len(train_episodes)):
         rnn.set_mask_prior(torch.as_tensor(mask_prior_logits(data, train_episodes)))
     optimizer = torch.optim.Adam(rnn.parameters(), lr=settings.rnn_lr)
     epoch = 0
