@@ -11,8 +11,9 @@ activations, K inputs, N outputs: the zoo's full-size projections by default) as
 - `transposed`: Y^T = W^T X^T, the weights as Gemm's left operand and the activations
   transposed in Gemm (`transB`), the bias as a column, then a Transpose back.
 
-All three are checked to compute the same Y, then timed interleaved in one run as written
-(`Runner.compare`, optimiser off, 1 thread); a speedup above 1 is faster than `matmul+add`.
+All three are checked to compute the same Y (`check_equivalence`, as every rewrite is), then
+timed interleaved in one run as written (`Runner.compare`, optimiser off, 1 thread); a speedup
+above 1 is faster than `matmul+add`.
 
     python scripts/probe_gemm_layouts.py --shapes 64x1024x1024 16x768x2048 --json
 
@@ -29,10 +30,10 @@ import time
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from rlflow.cost import OrtSettings, Runner
+from rlflow.cost.equivalence import check_equivalence
 
 ZOO_FULL_PROJECTIONS = {
     "bert": ["64x1024x1024", "64x1024x4096", "64x4096x1024"],
@@ -97,17 +98,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return m, k, n
 
 
-def same_output(models: list[onnx.ModelProto], m: int, k: int) -> bool:
-    x = np.random.default_rng(1).standard_normal((1, m, k), dtype=np.float32)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    outputs = [
-        ort.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})[0]
-        for model in models
-    ]
-    return all(np.allclose(out, outputs[0], rtol=1e-4, atol=1e-4) for out in outputs[1:])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -126,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for m, k, n in shapes:
         models = [projection(variant, m, k, n, np.random.default_rng(0)) for variant in VARIANTS]
-        if not same_output(models, m, k):
+        if not all(check_equivalence(models[0], model).equivalent for model in models[1:]):
             print(f"probe_gemm_layouts: {m}x{k}x{n}: the layouts disagree", file=sys.stderr)
             return 1
         comparison = runner.compare(models, use_cache=False)
