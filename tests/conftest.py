@@ -3,12 +3,21 @@
 The analytic model's machine peaks are pinned for the whole session (`RLFLOW_PEAKS`, inherited
 by the CLI subprocesses too): its costs then agree on every machine, so the seeded learners of
 the tests learn the same thing in CI as here. The test of the measured peaks lifts the pin.
+
+The session's caches (`RLFLOW_CACHE_DIR`, inherited the same way) live in a directory of its
+own, removed at the end: operators timed while the suite loads both cores must not become the
+per-op prices of the user's next training run, and a test must not read (or lose, when a user
+clears it) what a user's run cached. Only the zoo's exports, which are the same wherever they
+are made and slow to make, are shared with the user's cache.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -21,6 +30,30 @@ os.environ.setdefault(
     "RLFLOW_PEAKS",
     json.dumps({"gflops": 250.0, "gbps": 40.0, "cache_gbps": 90.0, "cache_bytes": 32 << 20}),
 )
+
+
+SESSION_CACHE = pytest.StashKey[tuple[Path, str | None]]()  # (the directory, the variable before)
+
+
+def pytest_configure(config):
+    """The session's own cache directory (a hook, not module code: test modules import this
+    file a second time as `tests.conftest`, and that import must not make another)."""
+    before = os.environ.get("RLFLOW_CACHE_DIR")
+    user = Path(before) if before else Path.home() / ".cache" / "rlflow"
+    session = Path(tempfile.mkdtemp(prefix="rlflow-test-cache-"))
+    (user / "zoo").mkdir(parents=True, exist_ok=True)
+    (session / "zoo").symlink_to(user / "zoo", target_is_directory=True)
+    os.environ["RLFLOW_CACHE_DIR"] = str(session)
+    config.stash[SESSION_CACHE] = (session, before)
+
+
+def pytest_unconfigure(config):
+    session, before = config.stash[SESSION_CACHE]
+    shutil.rmtree(session, ignore_errors=True)  # the link to the zoo, not the zoo
+    if before is None:
+        os.environ.pop("RLFLOW_CACHE_DIR", None)
+    else:
+        os.environ["RLFLOW_CACHE_DIR"] = before
 
 
 def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelProto:

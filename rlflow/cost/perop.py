@@ -6,7 +6,9 @@ and its time cached on disk (sqlite: one transaction per entry, so a killed run 
 concurrent process never leaves a torn cache). A graph's cost is the sum over its nodes.
 
 An entry is the fastest of OCCASIONS timings at least OCCASION_SPACING_S apart: an entry used
-again after that long with fewer occasions is timed again and keeps the minimum. On a shared
+again after that long with fewer occasions is timed again and keeps the minimum
+(`$RLFLOW_TIMING_OCCASIONS` sets how many: 1 on a quiet machine times each operator once, and
+makes a cache's prices final, e.g. for two runs that must read the same ones). On a shared
 machine one slow moment inflates every operator timed in it alike, and the operators of one
 graph are timed together: ResNeXt-50 medium's start state, timed in one slow second inside a
 learner, priced 28% over its end-to-end time, so every rewrite away from it looked like a
@@ -71,7 +73,7 @@ from rlflow.cost.inputs import int_range, random_tensor
 from rlflow.cost.session import OrtSettings, make_session, timed_run
 from rlflow.cost.source import ModelLike, TensorSpec
 from rlflow.cost.timing_lock import exclusive_timing
-from rlflow.errors import first_line
+from rlflow.errors import RlflowError, first_line
 from rlflow.graph import Graph, Node, load_model
 from rlflow.graph.domains import is_standard, opset_for
 from rlflow.graph.hashing import digest
@@ -80,7 +82,9 @@ from rlflow.graph.shapes import max_ort_ir_version
 COLD_WEIGHT_BYTES = 64 * 2**10
 """A constant input this large makes an operator's timing cold (see the module docstring)."""
 OCCASIONS = 3
-"""An entry is the fastest of this many separate timings (see the module docstring)."""
+"""An entry is the fastest of this many separate timings (see the module docstring), unless
+`$RLFLOW_TIMING_OCCASIONS` says otherwise."""
+OCCASIONS_ENV_VAR = "RLFLOW_TIMING_OCCASIONS"
 OCCASION_SPACING_S = 60.0
 """Seconds between two timings of one entry, so that a slow moment does not span both."""
 # Float constants up to this size are copied (Resize scales, Clip bounds, a Pad value);
@@ -105,6 +109,19 @@ _CONTROL_OPS = frozenset({
 })
 # fmt: on
 _SHAPE_DTYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
+
+
+def occasions_wanted() -> int:
+    """How many separate timings make an entry: `$RLFLOW_TIMING_OCCASIONS`, else OCCASIONS
+    (read at each lookup, so worker processes and a changed environment agree)."""
+    value = os.environ.get(OCCASIONS_ENV_VAR, "").strip()
+    if not value:
+        return OCCASIONS
+    if not value.isdigit() or int(value) < 1:
+        raise RlflowError(
+            f"{OCCASIONS_ENV_VAR} must be a whole number of at least 1, not {value!r}"
+        )
+    return int(value)
 
 
 class _Unmeasurable(Exception):
@@ -343,13 +360,13 @@ class PerOpCostModel:
         measure: Callable[[], tuple[float | None, str]],
     ) -> tuple[float | None, str]:
         """The entry's (ms, error), measured first if there is none, and timed again (keeping
-        the minimum) if it has fewer than OCCASIONS timings, the last OCCASION_SPACING_S or
+        the minimum) if it has fewer than `occasions_wanted()`, the last OCCASION_SPACING_S or
         more ago. An operator that could not run alone is not tried again."""
         entry = self._lookup(key)
         if entry is not None:
             ms, error, occasions, timed = entry
             fresh = time.time() - timed < OCCASION_SPACING_S
-            if ms is None or occasions >= OCCASIONS or fresh:
+            if ms is None or occasions >= occasions_wanted() or fresh:
                 return ms, error
         ms, error = measure()
         now = time.time()

@@ -170,10 +170,14 @@ def test_learners_take_a_table_cost_and_check_it_first(capfd, tmp_path, argv):
     assert not (tmp_path / "run").exists()
 
 
-def test_jobs_collect_the_same_table_as_one_process(tmp_path):
+def test_jobs_collect_the_same_table_as_one_process(tmp_path, monkeypatch):
     """Two worker processes (rules matched in parallel, operators timed one at a time under a
     lock) record the same operators as one process; the second run reads the first's timings
-    from the per-op cache, so the greedy descents follow the same path."""
+    from the per-op cache, so the greedy descents follow the same path. One occasion per entry
+    (inherited by the workers): otherwise an entry first timed over OCCASION_SPACING_S before
+    (on a slow machine, early in the first run) is timed again in the second, and its minimum
+    moves."""
+    monkeypatch.setenv("RLFLOW_TIMING_OCCASIONS", "1")
     serial, parallel = tmp_path / "serial.json", tmp_path / "parallel.json"
     argv = ["costs", "collect", "--provider", "cpu", "--models", MODEL, "resnet-18"]
     argv += ["--size", "small", "--steps", "2"]

@@ -204,6 +204,27 @@ def test_an_entry_is_the_fastest_of_separate_timings(build, tmp_path, monkeypatc
     assert occasions == {perop.OCCASIONS}
 
 
+def test_one_occasion_makes_the_first_timing_final(build, tmp_path, monkeypatch):
+    """With `RLFLOW_TIMING_OCCASIONS=1` an entry timed an hour ago is read, not timed again;
+    a value that is not a count is refused."""
+    import sqlite3
+
+    from rlflow.errors import RlflowError
+
+    graph = load_model(_block_model(build))
+    cache_path = tmp_path / "perop.sqlite"
+    first = PerOpCostModel(cache_path=cache_path, runs=3).report(graph)
+    with sqlite3.connect(cache_path) as db:
+        db.execute("UPDATE op_times SET timed = timed - 3600")
+    monkeypatch.setenv("RLFLOW_TIMING_OCCASIONS", "1")
+    again = PerOpCostModel(cache_path=cache_path, runs=3).report(graph)
+    assert first.measured_now > 0 and again.measured_now == 0
+    assert again.total_ms == first.total_ms
+    monkeypatch.setenv("RLFLOW_TIMING_OCCASIONS", "0")
+    with pytest.raises(RlflowError, match="RLFLOW_TIMING_OCCASIONS must be"):
+        PerOpCostModel(cache_path=cache_path, runs=3).report(graph)
+
+
 def test_a_cache_from_before_occasions_opens_with_one_timing_each(build, tmp_path):
     import sqlite3
 
