@@ -7,8 +7,9 @@ against the original under onnxruntime's defaults, so the speedups compare direc
 grouped by NAME (the seeds' parent directory) into mean, min and max; beside them, what their
 training spent in the real environment: env steps and end-to-end measurements (a PPO run's
 progress.json; a controller's from the data directory its world model was trained on, plus the
-real episodes that chose its temperature when it was chosen by real return; a fine-tuned run
-adds the run it started from, `init_from`).
+real episodes that chose its temperature when it was chosen by them, and all the candidates'
+for a controller picked among runs by `scripts/pick_controller.py`; a fine-tuned run adds the
+run it started from, `init_from`).
 
     python scripts/learners_table.py runs/l18/bench-bert runs/l18/bench-squeezenet \\
         --png docs/img/learners_medium.png [--name ppo-bert=PPO] > learners.md
@@ -41,9 +42,10 @@ def training_cost(run_dir: Path) -> tuple[int, int]:
         data = Path(read_yaml(Path(config["wm"]) / "config.yaml")["data"])
         totals = json.loads((data / "manifest.json").read_text())["totals"]
         steps, measurements = int(totals["real_env_steps"]), int(totals["real_measurements"])
-        chosen_by = run_dir / "eval.json"  # the real episodes that picked the run's tau
-        if config.get("select") == "real-return" and chosen_by.is_file():
-            report = json.loads(chosen_by.read_text())
+        picked = run_dir / "picked.json"  # scripts/pick_controller.py: all candidates' episodes
+        chosen_by = picked if picked.is_file() else run_dir / "eval.json"
+        if config.get("select", "temperature") != "temperature" and chosen_by.is_file():
+            report = json.loads(chosen_by.read_text())  # the real episodes that picked its tau
             steps += int(report["real_env_steps"])
             measurements += int(report["real_measurements"])
         return steps, measurements

@@ -22,7 +22,7 @@ from rlflow.worldmodel.dream import DreamBatch
 from rlflow.worldmodel.model import WorldModel
 
 METHODS = ("cmaes", "ppo")
-SELECTIONS = ("real-return", "temperature")
+SELECTIONS = ("real-return", "speedup", "temperature")
 HORIZONS = ("data", "max-steps")
 WORLD_BUNDLE = "world_model.pt"
 CONTROLLER_CHECKPOINT = "controller.pt"
@@ -44,6 +44,8 @@ class ControllerSettings:
     select: str = "real-return"
     """Which tau's controller the run's policy is: real-return (the best real return, once the
     controllers ran in the real env: --eval-real, or the loop; until then `temperature`) |
+    speedup (the best end-to-end speedup of its final graph, measured there: one timing per
+    tau, for a reward whose per-op prices can rank graphs unlike end-to-end latency) |
     temperature (always `temperature`). World Models reads its tau table the same way: the
     dream trains, the real env picks."""
     max_steps: int = 50  # dream episode truncation (the real env's max_episode_steps)
@@ -145,15 +147,15 @@ class LinearController:
 
 
 def selected_temperature(
-    temperature: float, select: str, real_returns: dict[float, float] | None
+    temperature: float, select: str, scores: dict[float, float] | None
 ) -> float:
-    """The tau of a run's policy: `temperature`, unless `select` is real-return and the
-    controllers' real returns are known; then the best of them (ties: `temperature` first,
-    then the lower tau)."""
-    if select != "real-return" or not real_returns:
+    """The tau of a run's policy: `temperature`, unless `select` picks by a score (real-return,
+    speedup) and the controllers' `scores` under it are known; then the best of them (ties:
+    `temperature` first, then the lower tau)."""
+    if select == "temperature" or not scores:
         return temperature
-    best = max(real_returns.values())
-    tied = [tau for tau, value in real_returns.items() if value == best]
+    best = max(scores.values())
+    tied = [tau for tau, value in scores.items() if value == best]
     return temperature if temperature in tied else min(tied)
 
 

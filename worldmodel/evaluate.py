@@ -68,6 +68,15 @@ def run_episode(env: Any, policy: Any, *, seed: int, deterministic: bool) -> dic
     }
 
 
+def check_measured(settings: ControllerSettings, measure: bool, how: str = "") -> None:
+    """Refuse `select: speedup` where the controllers' final graphs will not be timed."""
+    if settings.select == "speedup" and not measure:
+        raise RlflowError(
+            "select speedup picks the temperature by measured end-to-end speedup"
+            + (f": {how}" if how else ", and nothing is measured here")
+        )
+
+
 def evaluate_real(
     run_dir: str | Path,
     world: WorldModel,
@@ -87,6 +96,7 @@ def evaluate_real(
 
     if not models:
         raise RlflowError("give at least one model to evaluate on")
+    check_measured(settings, measure)
     run_dir = Path(run_dir)
     ort_level = str(world.meta["env"].get("ort_level", "all"))
     provider = str(world.meta["env"].get("provider", "auto"))  # the data's, if it named one
@@ -173,12 +183,11 @@ def evaluate_real(
             "random_return": float(np.mean(list(random_returns.values()))),
         }
     measurements = env_measurements + (runner.sessions_built if runner is not None else 0)
-    real_returns = {row["temperature"]: row["real_return"] for row in rows.values()}
+    score = "speedup" if settings.select == "speedup" else "real_return"
+    scores = {row["temperature"]: row[score] for row in rows.values()}
     return {
         "temperatures": rows,
-        "selected_temperature": selected_temperature(
-            settings.temperature, settings.select, real_returns
-        ),
+        "selected_temperature": selected_temperature(settings.temperature, settings.select, scores),
         "per_model": per_model,
         "random_returns": random_returns,
         "real_env_steps": real_steps,
@@ -221,7 +230,8 @@ def temperature_table(report: dict[str, Any]) -> str:
             f"{row['gap']:>8.3f} {speedup} {row['random_return']:>8.3f}"
         )
     lines.append(
-        "returns: 100 (C_0 - C_T) / C_0 in the env's cost; speedup: measured end to end, "
-        f"original vs final graph interleaved (ort-level {report['ort_level']}, 1 thread)"
+        "returns: 100 (C_0 - C_T) / C_0 in the env's cost; speedup: measured end to end, the "
+        "episode's start vs its final graph interleaved, each under the settings it declares "
+        f"(offline: as written), else ort-level {report['ort_level']}; 1 thread"
     )
     return "\n".join(lines)

@@ -133,11 +133,12 @@ def run_loop(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Run (or continue) the loop in `loop_dir`; its report (also LOOP_DIR/loop.json)."""
-    from rlflow.worldmodel.evaluate import evaluate_real
+    from rlflow.worldmodel.evaluate import check_measured, evaluate_real
 
     loop.validate()
     wm_settings.validate()
     controller_settings.validate()
+    check_measured(controller_settings, loop.measure, "run the loop with --measure")
     loop_dir = Path(loop_dir)
     loop_dir.mkdir(parents=True, exist_ok=True)
     identity = {

@@ -207,7 +207,7 @@ def run_temperature(run_dir: Path, config: Mapping[str, Any]) -> float:
     """The tau of a controller run's policy (see `load_controller_policy`)."""
     main = float(config.get("temperature", 1.0))
     eval_path = run_dir / EVAL_REPORT
-    if config.get("select", "temperature") != "real-return" or not eval_path.is_file():
+    if config.get("select", "temperature") == "temperature" or not eval_path.is_file():
         return main
     try:  # chosen when the controllers ran in the real env (evaluate_real)
         return float(json.loads(eval_path.read_text(encoding="utf-8"))["selected_temperature"])

@@ -52,8 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--select",
-        choices=("real-return", "temperature"),
-        help="the run's policy: the tau with the best --eval-real return (default) | --temperature",
+        choices=("real-return", "speedup", "temperature"),
+        help="the run's policy: the tau with the best --eval-real return (default), or end-to-end"
+        " speedup (timed there, not with --no-measure) | --temperature",
     )
     parser.add_argument(
         "--uncertainty",
@@ -97,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args, ControllerSettings, "train_controller", FLAGS)
     settings.validate()
+    if args.eval_real:
+        from rlflow.worldmodel.evaluate import check_measured
+
+        check_measured(settings, not args.no_measure, "drop --no-measure")
     if args.random_episodes < 0:
         raise RlflowError(f"--random-episodes must be at least 0, got {args.random_episodes}")
     world = WorldModel.load(args.wm)  # a bad --wm fails before RUN_DIR is made

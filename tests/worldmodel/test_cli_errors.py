@@ -102,6 +102,14 @@ def test_bad_settings_and_flags(capsys, tmp_path, pipeline):
         ],
         "unknown setting(s) generashuns",
     )
+    one_line_error(
+        capsys,
+        ["train-controller", "--wm", str(pipeline.wm), "--out", str(tmp_path / "s")]
+        + ["--select", "speedup", "--eval-real", "--no-measure"],
+        "measured end-to-end speedup",
+        "drop --no-measure",
+    )
+    assert not (tmp_path / "s").exists()
     bad.write_text("train_wm:\n  latent: many\n")
     one_line_error(
         capsys,

@@ -148,6 +148,8 @@ def test_selected_temperature_is_the_best_real_return():
     assert selected_temperature(1.5, "real-return", returns) == 1.5  # a tie with the main one
     assert selected_temperature(1.0, "temperature", returns) == 1.0
     assert selected_temperature(1.0, "real-return", None) == 1.0  # nothing measured yet
+    speedups = {0.5: 1.01, 1.0: 0.99, 1.5: 1.03}  # what `select: speedup` is handed
+    assert selected_temperature(1.0, "speedup", speedups) == 1.5
 
 
 def test_run_policy_follows_its_select_setting(pipeline, tmp_path):

@@ -147,6 +147,10 @@ def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     assert "--ray-address needs --backend ray" in capsys.readouterr().err
     assert main([*argv, "--max-candidates", "0"]) == 2
     assert "--max-candidates must be at least 1" in capsys.readouterr().err
+    by_speedup = tmp_path / "speedup.yaml"
+    by_speedup.write_text("train_controller:\n  select: speedup\n")
+    assert main([*argv, "--config", str(by_speedup)]) == 2  # picks by timings it never takes
+    assert "run the loop with --measure" in capsys.readouterr().err
     assert not out.exists()
 
     base = {"kind": "rollouts", "settings": {"policy": "random"}, "shards": {}}

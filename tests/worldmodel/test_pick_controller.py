@@ -1,0 +1,76 @@
+"""scripts/pick_controller.py: the best temperature among controller runs, by real return or
+measured speedup, copied with its choice; and what choosing cost, as learners_table counts it.
+The runs are directories with the files the script reads (config.yaml, eval.json), written here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def _run(directory: Path, wm: Path, rows: dict[str, tuple[float, float | None]], steps: int):
+    directory.mkdir(parents=True)
+    config = {"kind": "controller", "wm": str(wm), "temperature": 1.0, "select": "real-return"}
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    temperatures = {
+        tau: {"temperature": float(tau), "real_return": ret, "speedup": speedup}
+        for tau, (ret, speedup) in rows.items()
+    }
+    report = {"temperatures": temperatures, "selected_temperature": 1.0}
+    report |= {"real_env_steps": steps, "real_measurements": len(rows)}
+    (directory / "eval.json").write_text(json.dumps(report))
+    return directory
+
+
+def _pick(*argv) -> subprocess.CompletedProcess:
+    script = SCRIPTS / "pick_controller.py"
+    command = [sys.executable, str(script), *map(str, argv)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_the_best_speedup_is_picked_and_every_candidates_episodes_counted(tmp_path):
+    wm, data = tmp_path / "wm", tmp_path / "data"
+    wm.mkdir(), data.mkdir()
+    (wm / "config.yaml").write_text(yaml.safe_dump({"data": str(data)}))
+    totals = {"real_env_steps": 1000, "real_measurements": 0}
+    (data / "manifest.json").write_text(json.dumps({"totals": totals}))
+    first = _run(tmp_path / "a", wm, {"0.5": (14.0, 1.10), "1": (12.0, 1.12)}, steps=60)
+    second = _run(tmp_path / "b", wm, {"0.5": (9.0, 1.20), "1": (15.0, 1.05)}, steps=70)
+
+    result = _pick("--by", "speedup", "--out", tmp_path / "fast", first, second)
+    assert result.returncode == 0, result.stderr
+    fast = tmp_path / "fast"
+    assert json.loads((fast / "eval.json").read_text())["selected_temperature"] == 0.5
+    assert yaml.safe_load((fast / "config.yaml").read_text())["select"] == "speedup"
+    picked = json.loads((fast / "picked.json").read_text())
+    assert picked["picked"]["run"] == str(second) and len(picked["candidates"]) == 4
+    assert (picked["real_env_steps"], picked["real_measurements"]) == (130, 4)
+
+    result = _pick("--by", "real-return", "--out", tmp_path / "ret", first, second)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "ret" / "eval.json").read_text())["selected_temperature"] == 1.0
+    picked = json.loads((tmp_path / "ret" / "picked.json").read_text())
+    assert picked["picked"]["run"] == str(second)
+
+    spec = importlib.util.spec_from_file_location("learners_table", SCRIPTS / "learners_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert table.training_cost(fast) == (1000 + 130, 4)  # the data and both runs' episodes
+    assert table.training_cost(first) == (1000 + 60, 2)  # its own episodes chose its tau
+
+
+def test_unmeasured_or_missing_candidates_are_refused_in_one_line(tmp_path):
+    run = _run(tmp_path / "a", tmp_path, {"1": (12.0, None)}, steps=10)
+    result = _pick("--by", "speedup", "--out", tmp_path / "x", run)
+    assert result.returncode != 0 and "has no speedup: not measured" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    result = _pick("--out", tmp_path / "y", tmp_path / "none")
+    assert result.returncode != 0 and "run --eval-real first" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
