@@ -29,6 +29,8 @@ def candidates(runs: list[Path], by: str) -> tuple[list[dict], int, int]:
     """(every run's temperatures with their scores, eval-real env steps, measurements)."""
     rows, steps, measurements = [], 0, 0
     for run in runs:
+        if not (run / "config.yaml").is_file():
+            raise SystemExit(f"pick_controller: {run} has no config.yaml: not a controller run")
         path = run / "eval.json"
         try:
             report = json.loads(path.read_text())

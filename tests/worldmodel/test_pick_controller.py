@@ -71,6 +71,10 @@ def test_unmeasured_or_missing_candidates_are_refused_in_one_line(tmp_path):
     result = _pick("--by", "speedup", "--out", tmp_path / "x", run)
     assert result.returncode != 0 and "has no speedup: not measured" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
-    result = _pick("--out", tmp_path / "y", tmp_path / "none")
+    (run / "eval.json").unlink()
+    result = _pick("--out", tmp_path / "y", run)
     assert result.returncode != 0 and "run --eval-real first" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = _pick("--out", tmp_path / "z", tmp_path / "none")
+    assert result.returncode != 0 and "not a controller run" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
