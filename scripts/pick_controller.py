@@ -18,6 +18,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -59,16 +60,22 @@ def main() -> None:
         raise SystemExit(f"pick_controller: {args.out} exists")
     rows, steps, measurements = candidates(args.runs, args.by)
     best = max(rows, key=lambda row: row["score"])  # ties: the first listed
-    shutil.copytree(best["run"], args.out)
-    report = json.loads((args.out / "eval.json").read_text())
+    # Assembled beside OUT and renamed into place: a killed pick leaves no OUT whose eval.json
+    # still names the copied run's own tau (and which a rerun would refuse as existing).
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    draft = Path(tempfile.mkdtemp(prefix=f".{args.out.name}-", dir=args.out.parent)) / "run"
+    shutil.copytree(best["run"], draft)
+    report = json.loads((draft / "eval.json").read_text())
     report["selected_temperature"] = best["temperature"]
-    (args.out / "eval.json").write_text(json.dumps(report, indent=1))
-    config = yaml.safe_load((args.out / "config.yaml").read_text())
+    (draft / "eval.json").write_text(json.dumps(report, indent=1))
+    config = yaml.safe_load((draft / "config.yaml").read_text())
     config["select"] = args.by  # the copy's policy is the chosen tau (`run_temperature`)
-    (args.out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (draft / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     picked = {"by": args.by, "candidates": rows, "picked": best}
     picked |= {"real_env_steps": steps, "real_measurements": measurements}
-    (args.out / "picked.json").write_text(json.dumps(picked, indent=1))
+    (draft / "picked.json").write_text(json.dumps(picked, indent=1))
+    draft.rename(args.out)
+    draft.parent.rmdir()
     for row in rows:
         mark = "*" if row is best else " "
         print(

@@ -47,6 +47,7 @@ def test_the_best_speedup_is_picked_and_every_candidates_episodes_counted(tmp_pa
     result = _pick("--by", "speedup", "--out", tmp_path / "fast", first, second)
     assert result.returncode == 0, result.stderr
     fast = tmp_path / "fast"
+    assert not list(tmp_path.glob(".fast-*"))  # assembled beside OUT, then renamed into place
     assert json.loads((fast / "eval.json").read_text())["selected_temperature"] == 0.5
     assert yaml.safe_load((fast / "config.yaml").read_text())["select"] == "speedup"
     picked = json.loads((fast / "picked.json").read_text())
