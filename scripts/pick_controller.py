@@ -4,7 +4,8 @@ world model's budget can still buy, spent on choosing.
 
 Every temperature of every listed `rlflow train-controller --eval-real` run (or loop round's
 controller directory) is a candidate, scored by its real return (the env's per-op reward) or by
-the measured end-to-end speedup of its final graph (`--select speedup` runs, timed once each).
+the measured end-to-end speedup of the cheapest graph its episode passed (`--select speedup`
+runs, timed once each).
 The winning run is copied to OUT with its temperature chosen; `picked.json` there lists every
 candidate and what choosing cost: the real env steps and measurements of all the listed runs'
 real episodes, which `scripts/learners_table.py` counts with the controller's training.

@@ -44,7 +44,7 @@ class ControllerSettings:
     select: str = "real-return"
     """Which tau's controller the run's policy is: real-return (the best real return, once the
     controllers ran in the real env: --eval-real, or the loop; until then `temperature`) |
-    speedup (the best end-to-end speedup of its final graph, measured there: one timing per
+    speedup (the best end-to-end speedup of its cheapest graph, measured there: one timing per
     tau, for a reward whose per-op prices can rank graphs unlike end-to-end latency) |
     temperature (always `temperature`). World Models reads its tau table the same way: the
     dream trains, the real env picks."""
@@ -73,6 +73,12 @@ class ControllerSettings:
     clip_coef: float = UpdateConfig.clip_coef  # PPO clipped-objective epsilon
     ent_coef: float = UpdateConfig.ent_coef  # PPO entropy bonus
     eval_dream_episodes: int = 64  # dream episodes for each controller's final dream return
+    eval_patience: int = 0
+    """Real evaluation (--eval-real, the loop): a controller's episode ends after this many
+    steps without a graph cheaper than its cheapest so far (0: at its stop or the horizon).
+    The graph timed is the cheapest passed either way; the steps after it count against the
+    world model's real-step budget and buy nothing unless a cheaper graph follows, which a path
+    that loses for more than `eval_patience` steps before it gains never reaches."""
     seed: int = 0  # seed of CMA-ES / PPO and of the dream draws
 
     def validate(self) -> None:
@@ -97,6 +103,8 @@ class ControllerSettings:
             raise RlflowError("generations, population, rollouts, max_steps and ppo_* must be >= 1")
         if self.population < 2:
             raise RlflowError("CMA-ES needs a population of at least 2")
+        if self.eval_patience < 0:
+            raise RlflowError(f"eval_patience must be at least 0, got {self.eval_patience}")
         if self.uncertainty < 0:
             raise RlflowError(f"uncertainty must be at least 0, got {self.uncertainty}")
 

@@ -1,11 +1,19 @@
 """`train-controller --eval-real`: the dream controllers in the real env, measured end to end.
 
 For every temperature's controller and every model: one deterministic real episode (the
-return is the env's, 100 (C_0 - C_T) / C_0 in its cost source), then the final graph timed
+return is the env's, 100 (C_0 - C_T) / C_0 in its cost source), then the cheapest graph the
+episode passed -- the one `rlflow optimize --agent` and `bench` hand back for it -- timed
 against the original in one interleaved onnxruntime run (`Runner.compare`, the search
 baselines' way) for the real measured speedup; the dream return of the same controller at the
 same tau gives the dream-vs-real gap (World Models' temperature table). RLFlow's random agent
 gives the baseline return. Real env steps and real measurements are counted throughout.
+
+With `eval_patience` an episode ends once that many steps have passed without a cheaper graph:
+past its cheapest graph a controller only spends real steps, which the world model's budget
+counts (on SqueezeNet one controller found its best graph at step 52 and ran on to the
+horizon, 100). It is off by default because it also cuts a path that loses before it gains:
+on SqueezeNet patience 10 stopped a controller at step 26 whose best graph, 1.19x against
+its start where the others reached 1.10-1.14x, came at step 72 (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -41,23 +49,32 @@ def real_env(world: WorldModel, model: str) -> Any:
     return gym.make(GRAPH_REWRITE_ID, models=[model], max_episode_steps=steps, **env_config(world))
 
 
-def run_episode(env: Any, policy: Any, *, seed: int, deterministic: bool) -> dict[str, Any]:
-    """One real episode; its return, steps, rules and the env's final graph."""
+def run_episode(
+    env: Any, policy: Any, *, seed: int, deterministic: bool, patience: int = 0
+) -> dict[str, Any]:
+    """One real episode: its return, steps, rules, the env's final graph and the cheapest one
+    it passed (by the env's cost; the start counts), ended early after `patience` steps
+    without a cheaper graph (0: never)."""
     rng = np.random.default_rng(seed)
     observation, info = env.reset(seed=seed)
     if hasattr(policy, "reset"):
         policy.reset()
+    unwrapped = env.unwrapped
     total, steps, rules = 0.0, 0, []
+    best_cost, best_graph, best_step = float(info["cost"]), unwrapped.current_graph(), 0
+    best_speedup = float(info["speedup"])
     while True:
-        action = policy.act(observation, deterministic=deterministic, rng=rng, env=env.unwrapped)
+        action = policy.act(observation, deterministic=deterministic, rng=rng, env=unwrapped)
         observation, reward, terminated, truncated, info = env.step(action)
         total += reward
         steps += 1
         if info.get("rule"):
             rules.append(info["rule"])
-        if terminated or truncated:
+        if float(info["cost"]) < best_cost:
+            best_cost, best_step = float(info["cost"]), steps
+            best_graph, best_speedup = unwrapped.current_graph(), float(info["speedup"])
+        if terminated or truncated or (patience and steps - best_step >= patience):
             break
-    unwrapped = env.unwrapped
     return {
         "return": float(total),
         "steps": steps,
@@ -65,11 +82,14 @@ def run_episode(env: Any, policy: Any, *, seed: int, deterministic: bool) -> dic
         "graph": unwrapped.current_graph(),
         "original": unwrapped.session.original,
         "env_speedup": float(info["speedup"]),
+        "best_graph": best_graph,
+        "best_step": best_step,
+        "best_env_speedup": best_speedup,
     }
 
 
 def check_measured(settings: ControllerSettings, measure: bool, how: str = "") -> None:
-    """Refuse `select: speedup` where the controllers' final graphs will not be timed."""
+    """Refuse `select: speedup` where the controllers' graphs will not be timed."""
     if settings.select == "speedup" and not measure:
         raise RlflowError(
             "select speedup picks the temperature by measured end-to-end speedup"
@@ -127,11 +147,13 @@ def evaluate_real(
                 bar.update(1)
             random_returns[model] = float(np.mean(returns)) if returns else float("nan")
             for tau, policy in policies.items():
-                result = run_episode(env, policy, seed=seed, deterministic=True)
+                result = run_episode(
+                    env, policy, seed=seed, deterministic=True, patience=settings.eval_patience
+                )
                 real_steps += result["steps"]
                 speedup, original_ms, optimized_ms = None, None, None
                 if runner is not None:
-                    graphs = [result["original"], result["graph"]]
+                    graphs = [result["original"], result["best_graph"]]
                     comparison = runner.compare(graphs)
                     speedup = comparison.speedups[1]
                     original_ms, optimized_ms = comparison.scaled_ms
@@ -156,9 +178,11 @@ def evaluate_real(
                         "gap": dream - result["return"],
                         "speedup": speedup,
                         "env_speedup": result["env_speedup"],
+                        "best_env_speedup": result["best_env_speedup"],
                         "original_ms": original_ms,
                         "optimized_ms": optimized_ms,
                         "steps": result["steps"],
+                        "best_step": result["best_step"],
                         "rules_applied": _count(result["rules"]),
                         "random_return": random_returns[model],
                     }
@@ -231,7 +255,7 @@ def temperature_table(report: dict[str, Any]) -> str:
         )
     lines.append(
         "returns: 100 (C_0 - C_T) / C_0 in the env's cost; speedup: measured end to end, the "
-        "episode's start vs its final graph interleaved, each under the settings it declares "
-        f"(offline: as written), else ort-level {report['ort_level']}; 1 thread"
+        "episode's start vs the cheapest graph it passed, interleaved, each under the settings "
+        f"it declares (offline: as written), else ort-level {report['ort_level']}; 1 thread"
     )
     return "\n".join(lines)

@@ -49,7 +49,7 @@ class LoopSettings:
     backend: str = "inprocess"  # where collection runs: inprocess | ray
     ray_address: str | None = None  # --backend ray: the cluster (default: a local Ray)
     workers: int = 1  # in-process collection processes
-    measure: bool = False  # time each controller's final graphs end to end (slow)
+    measure: bool = False  # time each controller's cheapest graph end to end (slow)
     random_policy: str = "random"
     """The first round's agent: random (RLFlow's, uniform over candidates) | random-rule
     (uniform over rules, then sites: rules with few sites drawn as often as the others)."""

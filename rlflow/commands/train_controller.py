@@ -1,7 +1,7 @@
 """`rlflow train-controller --wm RUN_DIR --out RUN_DIR [--eval-real]`: a controller trained in
 the world model's dream (no real env step), then optionally checked in the real env.
 
-`--eval-real` runs every temperature's controller on the models, measures the final graphs
+`--eval-real` runs every temperature's controller on the models, measures the cheapest graphs
 against the originals end to end, and prints the dream-vs-real table (also `eval.json`).
 `progress.json` adds up the real env steps and measurements behind the run (collect + eval).
 """
@@ -25,6 +25,7 @@ FLAGS = [
     "temperatures",
     "select",
     "uncertainty",
+    "eval_patience",
     "seed",
 ]
 
@@ -75,6 +76,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--random-episodes", type=int, default=8, help="--eval-real random-agent episodes (8)"
+    )
+    parser.add_argument(
+        "--eval-patience",
+        type=int,
+        metavar="STEPS",
+        help="--eval-real: end a controller's episode after STEPS steps without a cheaper graph"
+        " (0: never)",
     )
     parser.add_argument(
         "--no-measure", action="store_true", help="--eval-real without end-to-end timing"

@@ -102,7 +102,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--measure",
         action="store_true",
-        help="time each controller's final graph against the original end to end",
+        help="time each controller's cheapest graph against the original end to end",
     )
     parser.add_argument(
         "--workers", type=int, default=1, help="collection processes (in process only)"

@@ -106,6 +106,30 @@ def test_controller_beats_random_agent_in_real_env_seeded(pipeline):
     )
 
 
+def test_real_episode_keeps_its_cheapest_graph_and_ends_after_patience(pipeline):
+    """The graph --eval-real times is the cheapest the episode passed (the one `optimize
+    --agent` hands back), and with patience the episode stops spending steps past it."""
+    world = WorldModel.load(pipeline.wm)
+    env = real_env(world, "resnet-18")
+    walker = RandomPolicy(0.0)  # never stops by itself: only the horizon or patience end it
+    try:
+        full = run_episode(env, walker, seed=3, deterministic=False)
+        short = run_episode(env, walker, seed=3, deterministic=False, patience=2)
+    finally:
+        env.close()
+    assert 0 < full["best_step"] <= full["steps"]
+    assert full["best_env_speedup"] >= max(1.0, full["env_speedup"])
+    assert full["best_graph"].canonical_hash() != full["original"].canonical_hash()
+    # the same seeded walk (analytic cost: no timing noise), cut two steps past its cheapest
+    assert short["rules"] == full["rules"][: len(short["rules"])]
+    assert short["steps"] < full["steps"]
+    assert short["steps"] - short["best_step"] == 2
+    assert short["best_env_speedup"] <= full["best_env_speedup"]
+    for entry in pipeline.train_controller["eval"]["per_model"]:
+        assert 0 <= entry["best_step"] <= entry["steps"]
+        assert entry["best_env_speedup"] >= max(1.0, entry["env_speedup"])
+
+
 def test_dream_horizon_is_the_datas_longest_episode(pipeline):
     """M has seen no step past the data's longest episode: dreams (and the controller's real
     episodes) stop there unless max_steps is shorter, or dream_horizon says max-steps."""
@@ -301,6 +325,7 @@ def test_identical_controllers_get_identical_dream_returns(pipeline):
         ({"population": 1}, "population"),
         ({"select": "dream"}, "unknown select"),
         ({"dream_horizon": "forever"}, "unknown dream_horizon"),
+        ({"eval_patience": -1}, "eval_patience"),
     ],
 )
 def test_controller_settings_are_checked(change, message):
