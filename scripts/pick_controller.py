@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-SCORES = {"real-return": "real_return", "speedup": "speedup"}
+from rlflow.worldmodel.controller import SCORE_KEYS as SCORES
 
 
 def candidates(runs: list[Path], by: str) -> tuple[list[dict], int, int]:

@@ -23,6 +23,8 @@ from rlflow.worldmodel.model import WorldModel
 
 METHODS = ("cmaes", "ppo")
 SELECTIONS = ("real-return", "speedup", "temperature")
+SCORE_KEYS = {"real-return": "real_return", "speedup": "speedup"}
+"""The eval-real column each scoring `select` ranks a run's temperatures by."""
 HORIZONS = ("data", "max-steps")
 WORLD_BUNDLE = "world_model.pt"
 CONTROLLER_CHECKPOINT = "controller.pt"

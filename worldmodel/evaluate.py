@@ -29,6 +29,7 @@ from rlflow.errors import RlflowError
 from rlflow.worldmodel.collect import RandomPolicy
 from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
+    SCORE_KEYS,
     ControllerSettings,
     dream_returns,
     selected_temperature,
@@ -207,7 +208,7 @@ def evaluate_real(
             "random_return": float(np.mean(list(random_returns.values()))),
         }
     measurements = env_measurements + (runner.sessions_built if runner is not None else 0)
-    score = "speedup" if settings.select == "speedup" else "real_return"
+    score = SCORE_KEYS.get(settings.select, "real_return")  # select temperature ignores it
     scores = {row["temperature"]: row[score] for row in rows.values()}
     return {
         "temperatures": rows,
