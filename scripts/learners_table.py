@@ -58,12 +58,17 @@ def training_cost(run_dir: Path) -> tuple[int, int]:
 
 
 def rows_of(results: dict) -> dict[str, dict[str, list]]:
-    """model -> method group -> [(speedup, steps, measurements, label)] of one bench's results."""
+    """model -> method group -> [(speedup, steps, measurements, label)] of one bench's results:
+    the methods of its newest timing (a bench run again with fewer methods keeps the cells of
+    the others, which that timing did not measure)."""
     rows: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for cell in results["cells"].values():
         if cell.get("deploy") != "offline":
             continue
         comparison = results["comparisons"][f"{cell['model']}|offline"]
+        if cell["method"] not in comparison.get("members", {cell["method"]: None}):
+            continue
+        # a graph the timing holds no entry for is the start itself (an agent that stopped)
         speedup = comparison["speedup"].get(cell["graph_hash"], 1.0)
         spec = cell["method_spec"]
         if spec.startswith("agent:"):

@@ -59,17 +59,41 @@ class RandomPolicy:
     site, so it prices a rule at the average of the sites the data applied it to; where a rule
     gains at some sites and loses at others (ResNet-18's `nchwc-conv-unblock`: +1.1 to +2.2% at
     the last stage's convolutions, -0.3 to -3.7% at the earlier ones), random sites price it as
-    a loss, though the controller, choosing as here, would apply it where it gains."""
+    a loss, though the controller, choosing as here, would apply it where it gains.
+
+    `rule_repeat` (`--rule-repeat P`, rule-level agents only) draws the last step's rule again
+    with probability P while it is still on offer, so rules come in runs of 1 / (1 - P) steps on
+    average (temporally extended exploration): a graph that pays only after a run of one rule
+    (SqueezeNet's blocked layout: every Conv blocked, then the reorder pairs between them
+    cancelled) is as rare in uniform draws, among some forty rules and their reverses, as the
+    product of that rule's chances, and a world model never shown it cannot dream it."""
 
     def __init__(
-        self, stop_probability: float = 0.2, *, by_rule: bool = False, cheapest_site: bool = False
+        self,
+        stop_probability: float = 0.2,
+        *,
+        by_rule: bool = False,
+        cheapest_site: bool = False,
+        rule_repeat: float = 0.0,
     ) -> None:
         if not 0.0 <= stop_probability <= 1.0:
             raise RlflowError(f"stop probability must be in [0, 1], got {stop_probability}")
+        if not 0.0 <= rule_repeat < 1.0:
+            raise RlflowError(f"--rule-repeat must be in [0, 1), got {rule_repeat}")
+        if rule_repeat and not (by_rule or cheapest_site):
+            raise RlflowError(
+                "--rule-repeat needs a rule-level agent (random-rule or random-rule-cheapest)"
+            )
         self.stop_probability = stop_probability
         self.by_rule = by_rule or cheapest_site
         self.cheapest_site = cheapest_site
+        self.rule_repeat = rule_repeat
+        self.last_rule: int | None = None
         self.env_config: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        """A new episode: the next rule is drawn afresh."""
+        self.last_rule = None
 
     def act(
         self,
@@ -86,7 +110,15 @@ class RandomPolicy:
             return stop
         if self.by_rule:
             rules = np.asarray(observation["candidate_rules"])[offered]
-            offered = offered[rules == rng.choice(np.unique(rules))]
+            repeat = (
+                self.rule_repeat
+                and self.last_rule is not None
+                and self.last_rule in rules
+                and rng.random() < self.rule_repeat  # drawn only when repeating is possible
+            )
+            rule = self.last_rule if repeat else int(rng.choice(np.unique(rules)))
+            self.last_rule = rule
+            offered = offered[rules == rule]
         if self.cheapest_site and env is not None:
             from rlflow.worldmodel.policy import cheapest_site
 
@@ -97,7 +129,7 @@ class RandomPolicy:
     def __repr__(self) -> str:
         return (
             f"RandomPolicy(stop_probability={self.stop_probability}, by_rule={self.by_rule}, "
-            f"cheapest_site={self.cheapest_site})"
+            f"cheapest_site={self.cheapest_site}, rule_repeat={self.rule_repeat})"
         )
 
 
@@ -106,20 +138,25 @@ RANDOM_POLICIES = ("random", "random-rule", "random-rule-cheapest")
 uniform over rules then the site a controller would take."""
 
 
-def load_policy(spec: str, stop_probability: float = 0.2) -> Policy:
+def load_policy(spec: str, stop_probability: float = 0.2, rule_repeat: float = 0.0) -> Policy:
     """`random` (RLFlow's random agent), `random-rule` (uniform over rules, then sites),
     `random-rule-cheapest` (then the site a controller would take) or `agent:RUN_DIR` (a
     `rlflow train-ppo` run, or a `rlflow train-controller` run for World Models' iterative
-    collection)."""
+    collection). The stop probability and rule repeat are the random agents' own."""
     if spec in RANDOM_POLICIES:
         return RandomPolicy(
             stop_probability,
             by_rule=spec == "random-rule",
             cheapest_site=spec == "random-rule-cheapest",
+            rule_repeat=rule_repeat,
         )
     if not is_agent_spec(spec) or not spec.partition(":")[2]:
         raise RlflowError(
             f"bad --policy {spec!r}: expected {', '.join(RANDOM_POLICIES)} or agent:RUN_DIR"
+        )
+    if rule_repeat:
+        raise RlflowError(
+            "--rule-repeat needs a rule-level agent (random-rule or random-rule-cheapest)"
         )
     from rlflow.worldmodel.policy import load_agent_policy
 
@@ -141,6 +178,7 @@ class CollectSettings:
     start: str = "original"  # where episodes begin: original | ort:all | ort:all-PASS | ...
     seed: int = 0  # seed of shard k's env resets and action draws: (seed, k)
     stop_probability: float = 0.2  # the random agent's chance to stop at each step (RLFlow: 0.2)
+    rule_repeat: float = 0.0  # a rule-level random agent's chance to draw its last rule again
     episodes_per_shard: int = 16  # episodes per shard file
     max_episode_steps: int = 50  # truncation of an episode (the env's TimeLimit)
     env: dict[str, Any] = field(default_factory=dict)  # other GraphRewriteEnv arguments
@@ -154,11 +192,17 @@ class CollectSettings:
             identity.pop(key)
         if not self.candidate_samples:
             identity.pop("candidate_samples")
+        if not self.rule_repeat:
+            identity.pop("rule_repeat")
         if self.deploy == "online":  # directories made before deploy existed were online
             identity.pop("deploy")
         if self.start == "original":
             identity.pop("start")
         return identity
+
+    def make_policy(self) -> Policy:
+        """The collecting policy (`load_policy` of these settings)."""
+        return load_policy(self.policy, self.stop_probability, self.rule_repeat)
 
     def env_kwargs(self) -> dict[str, Any]:
         """The GraphRewriteEnv arguments these settings fix, over the free-form `env` ones."""
@@ -192,7 +236,7 @@ def make_env(settings: CollectSettings, env_config: Mapping[str, Any] | None = N
 def run_shard(job: ShardJob, on_step: Callable[[int], object] | None = None) -> dict[str, Any]:
     """Collect one shard's episodes in a fresh env and write the shard; its manifest entry."""
     settings = CollectSettings(**job.settings)
-    policy = load_policy(settings.policy, settings.stop_probability)
+    policy = settings.make_policy()
     env = make_env(settings, policy.env_config)
     unwrapped = env.unwrapped
     num_rules = len(unwrapped.rule_names)
@@ -276,7 +320,7 @@ def _env_description(settings: CollectSettings) -> dict[str, Any]:
     """Rule names, feature names and padded sizes of the env: a loader needs them."""
     from rlflow.nn.features import EDGE_FEATURES, GLOBAL_FEATURES, NODE_FEATURES, OP_TYPES
 
-    policy = load_policy(settings.policy, settings.stop_probability)
+    policy = settings.make_policy()
     env = make_env(settings, policy.env_config)
     given = {**policy.env_config, **settings.env_kwargs()}  # what make_env passed
     try:

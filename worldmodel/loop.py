@@ -139,11 +139,16 @@ def run_loop(
     wm_settings.validate()
     controller_settings.validate()
     check_measured(controller_settings, loop.measure, "run the loop with --measure")
+    first_round = replace(collect_settings, policy=loop.random_policy)
+    first_round.make_policy()  # its agent's options refused before any work
     loop_dir = Path(loop_dir)
     loop_dir.mkdir(parents=True, exist_ok=True)
+    collect_identity = asdict(first_round)
+    if not collect_settings.rule_repeat:  # absent from loops made before the option
+        collect_identity.pop("rule_repeat")
     identity = {
         "models": list(models),
-        "collect": asdict(replace(collect_settings, policy=loop.random_policy)),
+        "collect": collect_identity,
         "train_wm": asdict(wm_settings),
         "train_controller": asdict(controller_settings),
     }
@@ -158,13 +163,15 @@ def run_loop(
             iterations.append(_read_json(report_path))
             continue
         _say(progress, f"iteration {index}: collect, train the world model and the controller")
-        policy = loop.random_policy
-        if index > 0:
+        policy, rule_repeat = loop.random_policy, collect_settings.rule_repeat
+        if index > 0:  # the controller's round: rule repeats are the random agent's
             policy = f"agent:{iteration_dir(loop_dir, index - 1).resolve() / 'controller'}"
+            rule_repeat = 0.0
         settings = replace(
             collect_settings,
             models=list(models),
             policy=policy,
+            rule_repeat=rule_repeat,
             seed=collect_settings.seed + index,
             episodes=loop.episodes(index, collect_settings.episodes),
         )

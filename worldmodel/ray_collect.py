@@ -40,9 +40,7 @@ def run_shard_with_timer(job: Any, timer: Any) -> tuple[dict[str, Any], bytes]:
 
 def env_arguments(settings: Any) -> dict[str, Any]:
     """The env arguments of `settings` that say whether it measures: cost and deploy."""
-    from rlflow.worldmodel.collect import load_policy
-
-    policy = load_policy(settings.policy, settings.stop_probability)
+    policy = settings.make_policy()
     return {**policy.env_config, **settings.env_kwargs()}
 
 

@@ -32,6 +32,7 @@ FLAGS = [
     "seed",
     "episodes_per_shard",
     "stop_probability",
+    "rule_repeat",
     "candidate_samples",
 ]
 
@@ -78,6 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, help="seed of the shards (default 0)")
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance (0.2)")
+    add_rule_repeat_argument(parser)
     parser.add_argument(
         "--candidate-samples",
         type=int,
@@ -151,6 +153,18 @@ def add_candidates_argument(parser: argparse.ArgumentParser) -> None:
         help="the env's candidate slots (default 512): past them each state shares them "
         "round-robin over the rules, each rule's share spread evenly over its sites in graph "
         "order",
+    )
+
+
+def add_rule_repeat_argument(parser: argparse.ArgumentParser) -> None:
+    """`--rule-repeat` of the commands whose random agent collects (collect, train-wm-loop)."""
+    parser.add_argument(
+        "--rule-repeat",
+        type=float,
+        metavar="P",
+        help="a rule-level random agent draws its last rule again with chance P while it is on "
+        "offer: runs of 1/(1-P) steps of one rule, so data reaches graphs that pay only after "
+        "a run (default 0)",
     )
 
 

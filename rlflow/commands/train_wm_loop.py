@@ -71,6 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     collect.add_candidates_argument(parser)
     parser.add_argument("--episodes-per-shard", type=int, help="episodes per shard (16)")
     parser.add_argument("--stop-probability", type=float, help="random agent's stop chance")
+    collect.add_rule_repeat_argument(parser)
     parser.add_argument(
         "--random-policy",
         choices=("random", "random-rule", "random-rule-cheapest"),

@@ -123,8 +123,17 @@ def test_optimize_rewrites_around_the_body_and_stays_equivalent(tmp_path, capsys
     captured = capsys.readouterr()
     assert code == 0, captured.err
     summary = json.loads(captured.out)
-    assert summary["rules_applied"] == {"matmul-add-to-gemm": 1}
+    # the search fused the MatMul + Add the body reads and its cost model prices it cheaper
+    fused = [entry for entry in summary["finalists"] if entry["steps"] == 1]
+    assert fused and fused[0]["cost"] < summary["original_cost"]
+    # which graph is handed back is the end-to-end timing's call (0.01 ms either way): the
+    # fused one, or the original where the fused one did not measure faster
     written = load_model(out)
-    assert written.op_counts()["Gemm"] == 1 and "If" in written.op_counts()
+    gemms = written.op_counts().get("Gemm", 0)
+    if summary["rules_applied"]:
+        assert summary["rules_applied"] == {"matmul-add-to-gemm": 1} and gemms == 1
+    else:
+        assert gemms == 0
+    assert "If" in written.op_counts()
     report = check_equivalence(load_model(source), written)
     assert report.equivalent, report.reason

@@ -162,6 +162,61 @@ def test_rule_balanced_random_policy_draws_rules_evenly():
     assert max(draws[[0, 1, 3, 4]]) - min(draws[[0, 1, 3, 4]]) < 200
 
 
+def test_rule_repeat_draws_runs_of_one_rule_and_starts_afresh_each_episode():
+    """--rule-repeat P: the last rule again with chance P while it is offered (runs of
+    1/(1-P) on average), a new draw when it is not, and none carried into a new episode."""
+    mask = np.array([1, 1, 1, 1, 0, 1], dtype=np.int8)
+    rules = np.array([0, 1, 2, 3, -1])
+    observation = {"action_mask": mask, "candidate_rules": rules}
+    rng = np.random.default_rng(0)
+
+    def mean_run(policy):
+        draws = [int(policy.act(observation, rng=rng)) for _ in range(4000)]
+        changes = sum(a != b for a, b in zip(draws, draws[1:], strict=False))
+        return len(draws) / (changes + 1)
+
+    # uniform over 4 rules: a run ends with chance 3/4 (mean 4/3); with repeats 0.8 the chance
+    # is 0.2 * 3/4 (mean 6.7)
+    assert 1.2 < mean_run(load_policy("random-rule", 0.0)) < 1.5
+    assert 5.5 < mean_run(load_policy("random-rule", 0.0, rule_repeat=0.8)) < 8.0
+    policy = load_policy("random-rule", 0.0, rule_repeat=0.99)
+    first = policy.act(observation, rng=rng)
+    gone = {**observation, "action_mask": np.where(np.arange(6) == first, 0, mask)}
+    assert policy.act(gone, rng=rng) != first  # no longer offered: drawn afresh
+    policy.reset()
+    assert policy.last_rule is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "repeat"), [("random", 0.5), ("agent:runs/x", 0.5), ("random-rule", 1.0)]
+)
+def test_rule_repeat_is_refused_where_it_means_nothing(spec, repeat):
+    with pytest.raises(RlflowError, match="rule-repeat"):
+        load_policy(spec, 0.2, rule_repeat=repeat)
+
+
+def test_collect_with_rule_repeat_records_runs_of_one_rule(tmp_path):
+    """A real collect: the data's episodes apply one rule several times in a row, and the
+    setting is part of the directory's identity (a rerun without it is refused)."""
+    settings = CollectSettings(
+        models=[MODEL],
+        episodes=2,
+        policy="random-rule",
+        stop_probability=0.0,
+        rule_repeat=0.9,
+        max_episode_steps=12,
+        episodes_per_shard=2,
+        seed=3,
+    )
+    manifest = collect(settings, tmp_path / "data", progress=False)
+    assert manifest["settings"]["rule_repeat"] == 0.9
+    arrays, _ = read_shard(tmp_path / "data" / sorted(manifest["shards"])[0])
+    taken = arrays["action_rule"]
+    assert np.mean(taken[1:] == taken[:-1]) > 0.5  # uniform over its rules: far fewer repeats
+    with pytest.raises(RlflowError, match="rule_repeat"):
+        collect(replace(settings, rule_repeat=0.0), tmp_path / "data", progress=False)
+
+
 def test_cheapest_site_policy_takes_the_sites_a_controller_would():
     """random-rule-cheapest: a rule drawn uniformly, then its site with the lowest cost by the
     env's own estimate (here, an analytic env, the analytic cost), the controller's own choice,

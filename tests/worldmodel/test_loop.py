@@ -126,13 +126,17 @@ def test_two_iterations_collect_with_the_controller_and_report(tmp_path, capsys)
 
 
 def test_the_first_round_can_draw_rules_evenly(tmp_path, capsys) -> None:
-    argv, out = tiny_loop(tmp_path, "--iterations", "1", "--episodes", "4")
-    assert main([*argv, "--random-policy", "random-rule", "--json"]) == 0
-    (first,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["iterations"]
+    argv, out = tiny_loop(tmp_path, "--iterations", "2", "--episodes", "4")
+    rules = ["--random-policy", "random-rule", "--rule-repeat", "0.5"]
+    assert main([*argv, *rules, "--controller-episodes", "1", "--json"]) == 0
+    first, _ = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["iterations"]
     assert first["policy"] == "random-rule"
-    assert read_manifest(out / "iter-0" / "data")["settings"]["policy"] == "random-rule"
+    settings = read_manifest(out / "iter-0" / "data")["settings"]
+    assert (settings["policy"], settings["rule_repeat"]) == ("random-rule", 0.5)
+    # rule runs are the random agent's: the controller's round collects without them
+    assert "rule_repeat" not in read_manifest(out / "iter-1" / "data")["settings"]
     # the loop's data came from that agent: a rerun asking for the other one is refused
-    assert main(argv) == 2
+    assert main([*argv, "--controller-episodes", "1"]) == 2
     assert "made with other settings (collect differ)" in capsys.readouterr().err
 
 
@@ -151,6 +155,8 @@ def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     by_speedup.write_text("train_controller:\n  select: speedup\n")
     assert main([*argv, "--config", str(by_speedup)]) == 2  # picks by timings it never takes
     assert "run the loop with --measure" in capsys.readouterr().err
+    assert main([*argv, "--rule-repeat", "0.5"]) == 2  # RLFlow's agent draws no rules
+    assert "--rule-repeat needs a rule-level agent" in capsys.readouterr().err
     assert not out.exists()
 
     base = {"kind": "rollouts", "settings": {"policy": "random"}, "shards": {}}

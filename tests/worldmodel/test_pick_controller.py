@@ -79,3 +79,38 @@ def test_unmeasured_or_missing_candidates_are_refused_in_one_line(tmp_path):
     result = _pick("--out", tmp_path / "z", tmp_path / "none")
     assert result.returncode != 0 and "not a controller run" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_learners_table_counts_only_the_newest_timings_methods():
+    """A bench run again with fewer methods keeps the other cells, which its newest timing did
+    not measure: they are left out, not shown at 1.00x; a graph the timing has no entry for is
+    the start itself (1.00x)."""
+    spec = importlib.util.spec_from_file_location("learners_table", SCRIPTS / "learners_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+
+    def cell(method, graph):
+        return {
+            "deploy": "offline",
+            "model": "m",
+            "method": method,
+            "method_spec": method,
+            "graph_hash": graph,
+        }
+
+    results = {
+        "cells": {
+            "a": cell("greedy", "g1"),
+            "b": cell("taso", "g2"),
+            "c": cell("random", "start"),
+        },
+        "comparisons": {
+            "m|offline": {
+                "members": {"greedy": "g1", "random": "start"},
+                "speedup": {"g1": 1.1, "original": 1.0},
+            }
+        },
+    }
+    rows = table.rows_of(results)["m"]
+    assert set(rows) == {"greedy", "random"}  # taso's cell is from an earlier timing
+    assert rows["greedy"][0][0] == 1.1 and rows["random"][0][0] == 1.0
