@@ -44,6 +44,12 @@ if TYPE_CHECKING:
     from rlflow.agents.policy import Policy
 
 
+RULE_REPEAT_NEEDS_RULES = (
+    "--rule-repeat needs a rule-level agent (random-rule or random-rule-cheapest)"
+)
+"""Refused for RLFlow's agent (it draws candidates, not rules) and for trained agents."""
+
+
 class RandomPolicy:
     """RLFlow's random agent: stop with probability `stop_probability`, else a candidate drawn
     uniformly among those on offer (stop when there is none).
@@ -81,9 +87,7 @@ class RandomPolicy:
         if not 0.0 <= rule_repeat < 1.0:
             raise RlflowError(f"--rule-repeat must be in [0, 1), got {rule_repeat}")
         if rule_repeat and not (by_rule or cheapest_site):
-            raise RlflowError(
-                "--rule-repeat needs a rule-level agent (random-rule or random-rule-cheapest)"
-            )
+            raise RlflowError(RULE_REPEAT_NEEDS_RULES)
         self.stop_probability = stop_probability
         self.by_rule = by_rule or cheapest_site
         self.cheapest_site = cheapest_site
@@ -155,9 +159,7 @@ def load_policy(spec: str, stop_probability: float = 0.2, rule_repeat: float = 0
             f"bad --policy {spec!r}: expected {', '.join(RANDOM_POLICIES)} or agent:RUN_DIR"
         )
     if rule_repeat:
-        raise RlflowError(
-            "--rule-repeat needs a rule-level agent (random-rule or random-rule-cheapest)"
-        )
+        raise RlflowError(RULE_REPEAT_NEEDS_RULES)
     from rlflow.worldmodel.policy import load_agent_policy
 
     return load_agent_policy(parse_agent(spec))
