@@ -161,14 +161,18 @@ class WorldModel:
         return np.append(bound, np.iinfo(np.int64).max)
 
     @property
+    def action_of_rule(self) -> dict[str, int]:
+        """Rule name -> its dream action, for the active rules (those the data applied)."""
+        names = self.rule_names
+        return {names[rule]: action for action, rule in enumerate(self.active_rules)}
+
+    @property
     def reverse_actions(self) -> np.ndarray:
         """(A,) int64: for each dream action, the dream action of its reverse rule (`R` and
         `R-reverse`, as rules declare a reversible pair), -1 where none is active and for stop."""
-        names = self.rule_names
-        action_of = {names[rule]: action for action, rule in enumerate(self.active_rules)}
+        action_of = self.action_of_rule
         reverse = np.full(self.num_actions, -1, dtype=np.int64)
-        for action, rule in enumerate(self.active_rules):
-            name = names[rule]
+        for name, action in action_of.items():
             pair = name.removesuffix("-reverse") if name.endswith("-reverse") else f"{name}-reverse"
             reverse[action] = action_of.get(pair, -1)
         return reverse

@@ -72,7 +72,7 @@ def price_path(
     """The dream's price of applying `rules` in order (module docstring). Raises RlflowError
     for a rule the world model's data never applied: M has no action for it."""
     rules = list(rules)
-    action_of = {world.rule_names[rule]: a for a, rule in enumerate(world.active_rules)}
+    action_of = world.action_of_rule
     unknown = sorted(set(rules) - set(action_of))
     if unknown:
         raise RlflowError(
