@@ -7,12 +7,17 @@ env's reward) and feeds its rules to each world model's dream
 (`rlflow.worldmodel.path_price.price_path`). Prints per rule the real reward and, per world
 model, the dream's reward, its charge for the ensemble's disagreement and how often M's mask
 had the rule off; draws the cumulative returns against step. Where a controller misses a graph
-another run found, this says which steps its world model gets wrong.
+another run found, this says which steps its world model gets wrong. With `--feed real`, M is
+fed the real path instead (V's latent of each real graph on it and its real cost ratio, the
+path replayed in the world model's own env), so a step priced right there but wrong in the
+dream is an error M compounds over its own predictions, and one priced wrong there too is one
+it never learnt.
 
     python scripts/dream_path.py runs/l49/bench-squeezenet-repeat/results.json \\
         --model squeezenet-1.1:medium --method e16-repeat-more-ctrl/seed-0-c10 \\
         --wm seed-0=runs/l49/e16-repeat-loop/seed-0/iter-0/wm ... \\
-        [--png docs/img/dream_path.png] [--json] [--cost perop|analytic] [--uncertainty 1]
+        [--png docs/img/dream_path.png] [--json] [--cost perop|analytic] [--uncertainty 1] \\
+        [--feed dream|real]
 """
 
 from __future__ import annotations
@@ -34,8 +39,14 @@ from rlflow.cost.deploy import Deployment  # noqa: E402
 from rlflow.errors import RlflowError  # noqa: E402
 from rlflow.rewrite.session import EpisodeState  # noqa: E402
 from rlflow.search.cost import make_cost  # noqa: E402
+from rlflow.worldmodel.evaluate import real_env  # noqa: E402
 from rlflow.worldmodel.model import WorldModel  # noqa: E402
-from rlflow.worldmodel.path_price import PathPrice, price_path  # noqa: E402
+from rlflow.worldmodel.path_price import (  # noqa: E402
+    PathPrice,
+    price_path,
+    price_path_forced,
+    real_path_observations,
+)
 
 
 def find_cell(results: dict, model: str, method: str) -> dict:
@@ -138,6 +149,24 @@ def draw(path: Path, title: str, real: np.ndarray, prices: dict[str, PathPrice])
     figure.savefig(path, dpi=120)
 
 
+def priced(args: argparse.Namespace, directory: str, state: EpisodeState, model: str) -> PathPrice:
+    """One world model's price of the path: dreamt (`price_path`) or fed the real path
+    (`price_path_forced`, replayed in the world model's env on `model`)."""
+    world = WorldModel.load(directory)
+    rules = [action.rule for action in state.actions]
+    if args.feed == "dream":
+        return price_path(
+            world, rules, episodes=args.episodes, temperature=args.temperature,
+            penalty=args.uncertainty,
+        )  # fmt: skip
+    env = real_env(world, model)
+    try:
+        observations = real_path_observations(env, state)
+    finally:
+        env.close()
+    return price_path_forced(world, observations, rules, penalty=args.uncertainty)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, help="a bench's results.json")
@@ -155,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["perop", "analytic"],
         help="the real cost: perop (the env's reward) or analytic",
     )
+    parser.add_argument(
+        "--feed",
+        default="dream",
+        choices=["dream", "real"],
+        help="what M is fed: its own dream (default) or the real path's graphs and costs",
+    )
     parser.add_argument("--png", type=Path, help="draw the cumulative returns here")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
@@ -167,17 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cell = find_cell(results, args.model, args.method)
-        rules = [action.rule for action in EpisodeState.from_json(cell["episode"]).actions]
+        state = EpisodeState.from_json(cell["episode"])
+        rules = [action.rule for action in state.actions]
         settings = Deployment("offline").settings(OrtSettings(threads=run.get("threads", 1)))
         costs = cost_curve(cell, settings, size, make_cost(args.cost, settings))
+        model = args.model.rsplit(":", 1)[0]
         prices = {
-            label: price_path(
-                WorldModel.load(directory),
-                rules,
-                episodes=args.episodes,
-                temperature=args.temperature,
-                penalty=args.uncertainty,
-            )
+            label: priced(args, directory, state, model)
             for label, directory in map(labelled, args.wm)
         }
     except RlflowError as error:
@@ -186,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     real = real_rewards(costs)
     summary = report(rules, real, prices)
     if args.png:
-        draw(args.png, f"{args.model}, {cell['method']}: the path as each world model prices it",
-             real, prices)  # fmt: skip
+        fed = "in its dream" if args.feed == "dream" else "fed the real path"
+        title = f"{args.model}, {cell['method']}: the path as each world model prices it, {fed}"
+        draw(args.png, title, real, prices)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:

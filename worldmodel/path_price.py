@@ -13,6 +13,12 @@ there, and the share that would have ended by then (done drawn, or no rule left 
 Every step is fed whatever M says -- the mask forced open, done ignored, no reverse or site
 bound -- so this prices the path; whether a controller could follow it in the dream is what the
 masked and ended shares say.
+
+`price_path_forced` asks the other question: M fed the real path -- V's latent of each real
+graph on it and its real cost ratio, as M is trained (teacher forced) -- so each step is
+priced from where the path really is. A step priced right there and wrong in the dream is an
+error M compounds over its own predictions; a step priced wrong even there is one M never
+learnt. `real_path_observations` replays a recorded path in the real env for it.
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from rlflow.errors import RlflowError
-from rlflow.worldmodel.dream import DreamBatch
+from rlflow.nn.features import GLOBAL_FEATURES
+from rlflow.rewrite.session import EpisodeState, recorded_candidate
+from rlflow.worldmodel.dream import MASK_THRESHOLD, DreamBatch
 from rlflow.worldmodel.model import WorldModel
 
 
@@ -60,6 +69,18 @@ class PathPrice:
         return table
 
 
+def known_actions(world: WorldModel, rules: Sequence[str]) -> dict[str, int]:
+    """The world model's rule-name to dream-action map; RlflowError if the path has a rule the
+    data never applied (M has no action for it)."""
+    action_of = world.action_of_rule
+    unknown = sorted(set(rules) - set(action_of))
+    if unknown:
+        raise RlflowError(
+            f"the world model's data never applied {', '.join(unknown)}: it cannot price the path"
+        )
+    return action_of
+
+
 def price_path(
     world: WorldModel,
     rules: Sequence[str],
@@ -72,12 +93,7 @@ def price_path(
     """The dream's price of applying `rules` in order (module docstring). Raises RlflowError
     for a rule the world model's data never applied: M has no action for it."""
     rules = list(rules)
-    action_of = world.action_of_rule
-    unknown = sorted(set(rules) - set(action_of))
-    if unknown:
-        raise RlflowError(
-            f"the world model's data never applied {', '.join(unknown)}: it cannot price the path"
-        )
+    action_of = known_actions(world, rules)
     batch = DreamBatch(
         world,
         episodes=episodes,
@@ -103,3 +119,65 @@ def price_path(
         ended[step] = float(np.mean(over))
         cost[step + 1] = float(np.mean(batch.cost))
     return PathPrice(rules, reward, charge, masked, ended, cost)
+
+
+@torch.no_grad()
+def price_path_forced(
+    world: WorldModel,
+    observations: Sequence[dict[str, np.ndarray]],
+    rules: Sequence[str],
+    *,
+    penalty: float = 1.0,
+) -> PathPrice:
+    """M's price of each step of a real path from where the path really is (module docstring):
+    `observations` are the real env's T + 1 observations along it (start first), `rules` the T
+    rules applied. `reward` is 100 (c_t - c'_{t+1}) with c_t the real cost ratio and c' the
+    members' mean prediction, `charge` their disagreement times `penalty`, `masked` whether M's
+    mask had the rule off before its step (never at the start: that mask is the real one),
+    `ended` the chance that M's done flag ended the episode by each step, and `cost` the real
+    cost ratios (T + 1) M was fed."""
+    rules = list(rules)
+    if len(observations) != len(rules) + 1:
+        raise RlflowError(f"{len(rules)} rules need {len(rules) + 1} observations")
+    action_of = known_actions(world, rules)
+    mu, _ = world.encode(list(observations))
+    column = GLOBAL_FEATURES.index("cost_ratio")
+    ratios = np.array([obs["global_features"][column] for obs in observations], dtype=np.float64)
+    rule_ids = world.action_rules(np.array([action_of[rule] for rule in rules], dtype=np.int64))
+    z = mu.unsqueeze(0)[:, :-1]
+    actions = torch.as_tensor(rule_ids).unsqueeze(0)
+    current = torch.as_tensor(ratios[:-1], dtype=torch.float32).unsqueeze(0)
+    outputs = [rnn(z, actions, cost=current)[0] for rnn in world.members]
+    predicted = np.stack([output.cost[0].numpy().astype(np.float64) for output in outputs])
+    reward = 100.0 * (ratios[:-1] - np.maximum(predicted.mean(axis=0), 0.0))
+    charge = penalty * 100.0 * predicted.std(axis=0)
+    steps = len(rules)
+    masked = np.zeros(steps)
+    if steps > 1:  # the mask of step t is M's prediction after step t - 1
+        logits = outputs[0].mask_logits[0, :-1].numpy()
+        chance = 1.0 / (1.0 + np.exp(-logits[np.arange(steps - 1), rule_ids[1:]]))
+        masked[1:] = chance < MASK_THRESHOLD
+    done = torch.sigmoid(outputs[0].done_logit[0]).numpy().astype(np.float64)
+    ended = 1.0 - np.cumprod(1.0 - done)
+    return PathPrice(rules, reward, charge, masked, ended, ratios)
+
+
+def real_path_observations(env, state: EpisodeState) -> list[dict[str, np.ndarray]]:
+    """The real env's observations along a recorded path (start first): `env`, made on the
+    path's model alone (`rlflow.worldmodel.evaluate.real_env`), is reset and stepped through
+    the candidate slot of each recorded rewrite. RlflowError where the env does not offer a
+    step (another start state, or a candidate cap that left it out)."""
+    observation, _ = env.reset()
+    observations = [observation]
+    unwrapped = env.unwrapped
+    for step, action in enumerate(state.actions):
+        offered = unwrapped.offered_candidates()
+        candidate = recorded_candidate(offered, action)
+        if candidate is None:
+            raise RlflowError(
+                f"step {step} of the path ({action.rule}) is not among the env's "
+                f"{len(offered)} candidates there: not the start state or the env the path had"
+            )
+        observation, *_ = env.step(offered.index(candidate))
+        observations.append(observation)
+    return observations
