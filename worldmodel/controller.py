@@ -9,6 +9,7 @@ acts in the real env, where a rule must become a candidate, is `rlflow.worldmode
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +60,9 @@ class ControllerSettings:
     uncertainty: float = 1.0
     """What a dream step's reward is charged per unit of the world model's ensemble
     disagreement on its cost (MOPO's lambda; 0: none): the controller is kept where its world
-    model's members agree. A world model of one M (`train-wm --ensemble 1`, or made before
-    ensembles) has no disagreement to charge."""
+    model's members agree. Negative, the disagreement is a bonus: an exploring controller, sent
+    to collect data where the world model is unsure, as optimism under uncertainty does. A world
+    model of one M (`train-wm --ensemble 1`, or made before ensembles) has no disagreement."""
     generations: int = 40  # CMA-ES generations
     population: int = 16  # CMA-ES population size
     sigma0: float = 0.1  # CMA-ES initial step size
@@ -107,8 +109,8 @@ class ControllerSettings:
             raise RlflowError("CMA-ES needs a population of at least 2")
         if self.eval_patience < 0:
             raise RlflowError(f"eval_patience must be at least 0, got {self.eval_patience}")
-        if self.uncertainty < 0:
-            raise RlflowError(f"uncertainty must be at least 0, got {self.uncertainty}")
+        if not math.isfinite(self.uncertainty):
+            raise RlflowError(f"uncertainty must be a finite number, got {self.uncertainty}")
 
     def check_world(self, world: WorldModel, asked: float | None) -> None:
         """RlflowError if `--uncertainty` was `asked` for (given on the command line) of a

@@ -38,6 +38,7 @@ Transformer-Transducer a Gemm un-fusion at +0.1 a step from data where it cost -
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -65,8 +66,9 @@ class DreamBatch:
     M predicts no active rule applicable; it is truncated after `max_steps` steps. The
     reverse of every rule applied in the episode is masked, and so is a rule applied as many
     times as its most sites in the data (module docstring). `penalty`: what a unit of the
-    ensemble's disagreement on a step's cost costs its reward (0: none; no effect with one
-    member); `disagreement` holds the last step's, (n,) in reward units.
+    ensemble's disagreement on a step's cost costs its reward (0: none; negative: a bonus, for
+    a controller that explores; no effect with one member); `disagreement` holds the last
+    step's, (n,) in reward units.
     """
 
     def __init__(
@@ -83,8 +85,8 @@ class DreamBatch:
     ) -> None:
         if episodes < 1 or groups < 1 or max_steps < 1:
             raise RlflowError("dream episodes, groups and max_steps must be at least 1")
-        if penalty < 0:
-            raise RlflowError(f"the uncertainty penalty must be at least 0, got {penalty}")
+        if not math.isfinite(penalty):
+            raise RlflowError(f"the uncertainty penalty must be a finite number, got {penalty}")
         self.world, self.episodes, self.groups = world, episodes, groups
         self.penalty = float(penalty)
         self.temperature, self.max_steps, self.rng = temperature, max_steps, rng
@@ -290,8 +292,8 @@ class DreamEnv(gym.Env):
             raise RlflowError(f"temperature must be positive, got {temperature}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise RlflowError(f"unknown render mode {render_mode!r}; choose None or 'ansi'")
-        if penalty < 0:
-            raise RlflowError(f"the uncertainty penalty must be at least 0, got {penalty}")
+        if not math.isfinite(penalty):
+            raise RlflowError(f"the uncertainty penalty must be a finite number, got {penalty}")
         self.world, self.temperature, self.render_mode = world, temperature, render_mode
         self.penalty = penalty
         self.max_steps = max_steps or default_dream_steps(world)

@@ -60,7 +60,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--uncertainty",
         type=float,
-        help="dream reward charged per unit of the world-model ensemble's disagreement (1)",
+        help="dream reward charged per unit of the world-model ensemble's disagreement (1; "
+        "negative: a bonus, for a controller that collects data where the world model is unsure)",
     )
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument(

@@ -99,6 +99,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="dream reward charged per unit of the ensemble's disagreement (1)",
     )
+    parser.add_argument(
+        "--explore-uncertainty",
+        type=float,
+        metavar="U",
+        help="rounds after the first collect with an explorer, a controller trained with this "
+        "charge (negative: a bonus where the ensemble disagrees), not the round's controller",
+    )
     parser.add_argument("--seed", type=int, help="seed of every stage (0)")
     parser.add_argument(
         "--measure",
@@ -150,8 +157,12 @@ def run(args: argparse.Namespace) -> int:
     )
     wm_settings = settings(WorldModelSettings, "train_wm", WM_FLAGS)
     controller_settings = settings(ControllerSettings, "train_controller", CONTROLLER_FLAGS)
-    if args.uncertainty and wm_settings.ensemble < 2:
-        raise RlflowError("--uncertainty needs an ensemble of world models: add --ensemble 5")
+    for flag, value in (
+        ("--uncertainty", args.uncertainty),
+        ("--explore-uncertainty", args.explore_uncertainty),
+    ):
+        if value and wm_settings.ensemble < 2:
+            raise RlflowError(f"{flag} needs an ensemble of world models: add --ensemble 5")
     loop = LoopSettings(
         iterations=args.iterations,
         backend=args.backend,
@@ -160,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         measure=args.measure,
         random_policy=args.random_policy,
         controller_episodes=args.controller_episodes,
+        explore_uncertainty=args.explore_uncertainty,
     )
     out = Path(args.out)
     stderr(f"tensorboard --logdir {out}")

@@ -82,6 +82,10 @@ def test_dream_charges_the_disagreement_and_averages_the_cost(pair):
     np.testing.assert_allclose(changes, free_changes)  # same draws, same dream
     np.testing.assert_allclose(same_spread, spread)
     np.testing.assert_allclose(charged, free - 2.0 * spread)
+    # negative, the disagreement is a bonus (an exploring controller's dream), on the same draws
+    explored, explored_changes, _ = _run(pair, -1.0)
+    np.testing.assert_allclose(explored_changes, free_changes)
+    np.testing.assert_allclose(explored, free + spread)
 
 
 def test_an_ensemble_of_identical_members_dreams_as_one(pipeline):
@@ -104,8 +108,8 @@ def test_dream_env_takes_the_penalty_and_reports_the_disagreement(pair):
     action = int(np.flatnonzero(observation["action_mask"])[0])
     _, _, _, _, info = env.step(action)
     assert info["disagreement"] >= 0
-    with pytest.raises(RlflowError, match="at least 0"):
-        DreamEnv(pair, penalty=-1.0)
+    with pytest.raises(RlflowError, match="a finite number"):
+        DreamEnv(pair, penalty=float("nan"))
 
 
 def test_a_controller_trains_with_the_uncertainty_charge_and_keeps_its_members(

@@ -140,6 +140,30 @@ def test_the_first_round_can_draw_rules_evenly(tmp_path, capsys) -> None:
     assert "made with other settings (collect differ)" in capsys.readouterr().err
 
 
+def test_an_explorer_collects_the_next_rounds_data(tmp_path, capsys) -> None:
+    """`--explore-uncertainty`: round 1 collects with a controller trained in round 0's world
+    model with the charge turned into a bonus, not with round 0's controller."""
+    flags = ["--iterations", "2", "--episodes", "4", "--controller-episodes", "2"]
+    argv, out = tiny_loop(tmp_path, *flags, "--ensemble", "2", "--explore-uncertainty", "-1")
+    assert main([*argv, "--json"]) == 0
+    _, second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["iterations"]
+    explorer = out / "iter-0" / "explorer"
+    assert second["policy"] == f"agent:{explorer.resolve()}"
+    assert read_manifest(out / "iter-1" / "data")["settings"]["policy"] == second["policy"]
+    assert second["data_episodes"] == 6
+    config = yaml.safe_load((explorer / "config.yaml").read_text())
+    assert config["uncertainty"] == -1.0 and config["select"] == "temperature"
+    assert config["temperatures"] == [config["temperature"]]
+    assert sorted(path.name for path in explorer.glob("tau-*")) == ["tau-1"]
+    assert not (explorer / "eval.json").exists()  # it collects; it is never evaluated
+    # the kept controllers are charged as asked (the config's default), not the explorer's way
+    kept = yaml.safe_load((out / "iter-1" / "controller" / "config.yaml").read_text())
+    assert kept["uncertainty"] == 1.0
+    # the loop's data came from that explorer: a rerun without it is refused
+    assert main(argv[:-2]) == 2
+    assert "made with other settings" in capsys.readouterr().err
+
+
 def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     out = tmp_path / "loop"
     argv = ["train-wm-loop", "--model", "resnet-18", "--out", str(out)]
@@ -155,6 +179,8 @@ def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     by_speedup.write_text("train_controller:\n  select: speedup\n")
     assert main([*argv, "--config", str(by_speedup)]) == 2  # picks by timings it never takes
     assert "run the loop with --measure" in capsys.readouterr().err
+    assert main([*argv, "--ensemble", "1", "--explore-uncertainty", "-1"]) == 2
+    assert "--explore-uncertainty needs an ensemble" in capsys.readouterr().err
     assert main([*argv, "--rule-repeat", "0.5"]) == 2  # RLFlow's agent draws no rules
     assert "--rule-repeat needs a rule-level agent" in capsys.readouterr().err
     assert not out.exists()
