@@ -12,7 +12,7 @@ ensemble's disagreement, a bonus where U is negative, so the data grows where th
 is unsure rather than where it is sure (optimism for collecting, the charge for the controller
 kept). On SqueezeNet, whose world models priced the path to its blocked layout at a loss from
 steps their random data rarely showed, 4 explorer episodes added by hand to 16 random ones took
-three data seeds' controllers (charged 0.5) from 76-79% of PPO's gain to 99-104%, one seed of
+three data seeds' controllers (charged 0.5) from 76-89% of PPO's gain to 99-111%, one seed of
 the three finding that layout (docs/BENCHMARKS.md).
 
 LOOP_DIR/iter-K/ holds `data/` (this iteration's rollouts, a `rlflow collect` directory),
