@@ -212,7 +212,7 @@ def run_loop(
             backend=loop.backend,
             ray_address=loop.ray_address,
         )
-        if index > 0:  # the last world model, on the data its own controller went to
+        if index > 0:  # the last world model, on the data its controller (or explorer) went to
             previous = iteration_dir(loop_dir, index - 1)
             world = WorldModel.load(previous / "wm")
             iterations[-1]["heldout_next"] = heldout_report(world, RolloutData.load(here / "data"))
