@@ -4,7 +4,7 @@ Iteration 0 collects with RLFlow's random agent (or the rule-balanced `random-ru
 k > 0 with iteration k-1's controller, so the data grows where the controller goes (Ha &
 Schmidhuber, section 5: "iterative training"). Each iteration trains a fresh world model on all
 the data so far and a fresh controller in its dream, then runs the controllers in the real env
-for their real returns.
+for their real returns (every round's, or with `eval_real` last only the final round's).
 
 With `explore_uncertainty` (`--explore-uncertainty U`), round k > 0 collects instead with an
 explorer: a controller trained in round k-1's world model whose dream charges U per unit of the
@@ -13,13 +13,16 @@ is unsure rather than where it is sure (optimism for collecting, the charge for 
 kept). On SqueezeNet, whose world models priced the path to its blocked layout at a loss from
 steps their random data rarely showed, 4 explorer episodes added by hand to 16 random ones took
 three data seeds' controllers (charged 0.5) from 76-89% of PPO's gain to 99-111%, one seed of
-the three finding that layout (docs/BENCHMARKS.md).
+the three finding that layout; run end to end on three fresh seeds (2 explorer episodes,
+`eval_real` last) it stayed near greedy, 67-80%: an explorer does not aim at that layout
+(docs/BENCHMARKS.md).
 
 LOOP_DIR/iter-K/ holds `data/` (this iteration's rollouts, a `rlflow collect` directory),
 `data-all/` (iterations 0..K merged, shards linked), `wm/` (a `train-wm` run), `controller/`
-(a `train-controller` run), `explorer/` (with `explore_uncertainty`, before a next round) and
-`report.json`; LOOP_DIR/loop.json gathers the iterations. Each
-stage resumes as its own command does, and a finished iteration is not redone.
+(a `train-controller` run whose `progress.json` counts the loop's real steps up to it, as
+`rlflow bench` reads them for an `agent:`), `explorer/` (with `explore_uncertainty`, before a
+next round) and `report.json`; LOOP_DIR/loop.json gathers the iterations. Each stage resumes as
+its own command does, and a finished iteration is not redone.
 
 The held-out report scores world model K on data it never saw: its own held-out split, and
 iteration K+1's rollouts (collected by a controller it trained, the distribution the loop moves
@@ -44,11 +47,12 @@ from rlflow.worldmodel.collect import RANDOM_POLICIES, CollectSettings, collect,
 from rlflow.worldmodel.controller import EVAL_REPORT, ControllerSettings
 from rlflow.worldmodel.data import MANIFEST, SHARD_PATTERN, RolloutData, read_manifest
 from rlflow.worldmodel.heldout import heldout_report, rank_correlation
-from rlflow.worldmodel.model import WorldModel
+from rlflow.worldmodel.model import PROGRESS, WorldModel
 from rlflow.worldmodel.train import WorldModelSettings, train_world_model, training_data
 from rlflow.worldmodel.train_controller import train_controller
 
 LOOP_REPORT = "loop.json"
+EVAL_REAL = ("every", "last")
 ITERATION_REPORT = "report.json"
 
 
@@ -72,6 +76,11 @@ class LoopSettings:
     """Rounds after the first collect with an explorer trained with this uncertainty charge
     (negative: a bonus for the ensemble's disagreement) in the last round's world model, at the
     controller's main tau; None: with the last round's controller itself."""
+    eval_real: str = "every"
+    """Which rounds run their controllers in the real env: every (World Models' curve of real
+    returns per round) | last (only the final round's: an earlier controller that collects
+    does so at its main tau, and with an explorer it never runs; the measurements a sample
+    efficiency counts are then the data's and the final evaluation's)."""
 
     def validate(self) -> None:
         if self.iterations < 1:
@@ -84,6 +93,10 @@ class LoopSettings:
         if self.explore_uncertainty is not None and not math.isfinite(self.explore_uncertainty):
             raise RlflowError(
                 f"--explore-uncertainty must be a finite number, got {self.explore_uncertainty}"
+            )
+        if self.eval_real not in EVAL_REAL:
+            raise RlflowError(
+                f"bad --eval-real {self.eval_real!r}: expected one of " + ", ".join(EVAL_REAL)
             )
         if self.controller_episodes is not None and self.controller_episodes < 1:
             raise RlflowError(
@@ -182,6 +195,8 @@ def run_loop(
         report_path = here / ITERATION_REPORT
         if report_path.is_file():
             iterations.append(_read_json(report_path))
+            if not (here / "controller" / PROGRESS).is_file():  # loops made before it was written
+                _write_progress(here / "controller", iterations)
             continue
         _say(progress, f"iteration {index}: collect, train the world model and the controller")
         policy, rule_repeat = loop.random_policy, collect_settings.rule_repeat
@@ -242,17 +257,20 @@ def run_loop(
             may_change=("generations", "ppo_iterations", "eval_dream_episodes"),
         )
         trained = train_controller(wm_dir, controller_dir, controller_settings, progress=progress)
-        real = evaluate_real(
-            controller_dir,
-            WorldModel.from_bundle(controller_dir / "world_model.pt"),
-            controller_settings,
-            list(models),
-            random_episodes=0,
-            seed=controller_settings.seed,
-            measure=loop.measure,
-            progress=progress,
-        )
-        write_json_atomic(controller_dir / EVAL_REPORT, real)
+        if loop.eval_real == "every" or index == loop.iterations - 1:
+            real = evaluate_real(
+                controller_dir,
+                WorldModel.from_bundle(controller_dir / "world_model.pt"),
+                controller_settings,
+                list(models),
+                random_episodes=0,
+                seed=controller_settings.seed,
+                measure=loop.measure,
+                progress=progress,
+            )
+            write_json_atomic(controller_dir / EVAL_REPORT, real)
+        else:
+            real = _unevaluated(trained, controller_settings)
         entry = {
             "iteration": index,
             "policy": policy,
@@ -275,9 +293,30 @@ def run_loop(
             "eval_real_env_steps": real["real_env_steps"],
             "eval_real_measurements": real["real_measurements"],
         }
-        write_json_atomic(report_path, entry)
         iterations.append(entry)
+        _write_progress(controller_dir, iterations)
+        write_json_atomic(report_path, entry)
     return _summarise(loop_dir, iterations)
+
+
+def _unevaluated(trained: dict[str, Any], settings: ControllerSettings) -> dict[str, Any]:
+    """A round whose controllers stay out of the real env (`eval_real` last): their training
+    dream returns, no real ones, no real steps; the policy keeps its main tau."""
+    rows = {
+        f"{tau:g}": {
+            "temperature": tau,
+            "dream_return": float(trained[f"{tau:g}"]["dream_return"]),
+            "real_return": None,
+            "speedup": None,
+        }
+        for tau in settings.temperatures
+    }
+    return {
+        "temperatures": rows,
+        "selected_temperature": None,
+        "real_env_steps": 0,
+        "real_measurements": 0,
+    }
 
 
 def train_explorer(
@@ -303,21 +342,65 @@ def train_explorer(
     return out
 
 
+def _real_cost(iterations: list[dict[str, Any]]) -> dict[str, int]:
+    """The real env steps and measurements of these rounds: collections and real evaluations."""
+    collected = [entry["collected"] for entry in iterations]
+    cost = {
+        "collect_real_env_steps": sum(int(c.get("real_env_steps", 0)) for c in collected),
+        "collect_real_measurements": sum(int(c.get("real_measurements", 0)) for c in collected),
+        "eval_real_env_steps": sum(int(entry["eval_real_env_steps"]) for entry in iterations),
+        "eval_real_measurements": sum(int(entry["eval_real_measurements"]) for entry in iterations),
+    }
+    cost["real_env_steps"] = cost["collect_real_env_steps"] + cost["eval_real_env_steps"]
+    cost["real_measurements"] = cost["collect_real_measurements"] + cost["eval_real_measurements"]
+    return cost
+
+
+def _write_progress(controller_dir: Path, iterations: list[dict[str, Any]]) -> None:
+    """CONTROLLER/progress.json of the last of `iterations`, as `train-controller` writes it: the
+    real steps and measurements behind that controller (every round's so far, the explorers'
+    data included), what `rlflow bench` counts for it as an `agent:` against PPO's."""
+    entry, cost = iterations[-1], _real_cost(iterations)
+    progress: dict[str, Any] = {
+        "kind": "controller",
+        "global_step": cost["real_env_steps"],
+        **cost,
+        "dream_real_env_steps": 0,
+        "loop_iteration": entry["iteration"],
+    }
+    tau = entry["selected_temperature"]
+    if tau is not None:  # its controllers ran in the real env
+        row = next(row for row in entry["controllers"] if row["temperature"] == tau)
+        progress.update(
+            speedup=row["speedup"],
+            real_return=row["real_return"],
+            dream_return=row["dream_return"],
+            episodes=[
+                {
+                    "global_step": cost["real_env_steps"],
+                    "return": row["real_return"],
+                    "speedup": row["speedup"],
+                    "real_measurements": cost["real_measurements"],
+                }
+            ],
+        )
+    write_json_atomic(controller_dir / PROGRESS, progress)
+
+
 def _summarise(loop_dir: Path, iterations: list[dict[str, Any]]) -> dict[str, Any]:
     controllers = [row for entry in iterations for row in entry["controllers"]]
-    collected = [entry["collected"] for entry in iterations]
+    evaluated = [row for row in controllers if row["real_return"] is not None]
+    cost = _real_cost(iterations)
     summary = {
         "loop_dir": str(loop_dir),
         "iterations": iterations,
         "dream_real_rank_correlation": rank_correlation(
-            [row["dream_return"] for row in controllers],
-            [row["real_return"] for row in controllers],
+            [row["dream_return"] for row in evaluated],
+            [row["real_return"] for row in evaluated],
         ),
-        "controllers_ranked": len(controllers),
-        "real_env_steps": sum(int(c.get("real_env_steps", 0)) for c in collected)
-        + sum(int(entry["eval_real_env_steps"]) for entry in iterations),
-        "real_measurements": sum(int(c.get("real_measurements", 0)) for c in collected)
-        + sum(int(entry["eval_real_measurements"]) for entry in iterations),
+        "controllers_ranked": len(evaluated),
+        "real_env_steps": cost["real_env_steps"],
+        "real_measurements": cost["real_measurements"],
     }
     write_json_atomic(loop_dir / LOOP_REPORT, summary)
     return summary

@@ -108,6 +108,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, help="seed of every stage (0)")
     parser.add_argument(
+        "--eval-real",
+        choices=("every", "last"),
+        default="every",
+        help="rounds whose controllers run in the real env (their steps count): every (the "
+        "real-return curve, default) or last (the earlier ones collect at their main tau)",
+    )
+    parser.add_argument(
         "--measure",
         action="store_true",
         help="time each controller's cheapest graph against the original end to end",
@@ -172,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         random_policy=args.random_policy,
         controller_episodes=args.controller_episodes,
         explore_uncertainty=args.explore_uncertainty,
+        eval_real=args.eval_real,
     )
     out = Path(args.out)
     stderr(f"tensorboard --logdir {out}")

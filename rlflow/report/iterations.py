@@ -3,6 +3,7 @@ the world model's held-out errors (from LOOP_DIR/loop.json, `rlflow train-wm-loo
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,8 +37,8 @@ def plot_loop_iterations(summary: Mapping[str, Any], path: str | os.PathLike) ->
         ]
         steps = [step for step, _ in points]
         color = f"C{index}"
-        returns.plot(steps, [r["real_return"] for _, r in points], color=color, marker="o",
-                     label=f"real, tau {tau:g}")  # fmt: skip
+        real = [math.nan if r["real_return"] is None else r["real_return"] for _, r in points]
+        returns.plot(steps, real, color=color, marker="o", label=f"real, tau {tau:g}")
         returns.plot(steps, [r["dream_return"] for _, r in points], color=color, marker="x",
                      linestyle="--", label=f"dream, tau {tau:g}")  # fmt: skip
     rho = summary.get("dream_real_rank_correlation")

@@ -12,9 +12,10 @@ import yaml
 
 from rlflow.cli import main
 from rlflow.errors import RlflowError
+from rlflow.report import read_progress, real_env_steps
 from rlflow.worldmodel.data import MANIFEST, RolloutData, read_manifest
 from rlflow.worldmodel.heldout import heldout_report, rank_correlation, ranks
-from rlflow.worldmodel.loop import merge_rollouts
+from rlflow.worldmodel.loop import LoopSettings, merge_rollouts
 from rlflow.worldmodel.model import WorldModel
 from rlflow.worldmodel.train import encode_all, evaluate_rnn
 
@@ -142,11 +143,13 @@ def test_the_first_round_can_draw_rules_evenly(tmp_path, capsys) -> None:
 
 def test_an_explorer_collects_the_next_rounds_data(tmp_path, capsys) -> None:
     """`--explore-uncertainty`: round 1 collects with a controller trained in round 0's world
-    model with the charge turned into a bonus, not with round 0's controller."""
+    model with the charge turned into a bonus, not with round 0's controller; with
+    `--eval-real last` round 0's controllers never run in the real env either."""
     flags = ["--iterations", "2", "--episodes", "4", "--controller-episodes", "2"]
     argv, out = tiny_loop(tmp_path, *flags, "--ensemble", "2", "--explore-uncertainty", "-1")
-    assert main([*argv, "--json"]) == 0
-    _, second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["iterations"]
+    assert main([*argv, "--eval-real", "last", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    first, second = summary["iterations"]
     explorer = out / "iter-0" / "explorer"
     assert second["policy"] == f"agent:{explorer.resolve()}"
     assert read_manifest(out / "iter-1" / "data")["settings"]["policy"] == second["policy"]
@@ -159,6 +162,31 @@ def test_an_explorer_collects_the_next_rounds_data(tmp_path, capsys) -> None:
     # the kept controllers are charged as asked (the config's default), not the explorer's way
     kept = yaml.safe_load((out / "iter-1" / "controller" / "config.yaml").read_text())
     assert kept["uncertainty"] == 1.0
+    # only the last round's controllers ran in the real env: round 0's have dream returns only,
+    # and the loop's real steps are the data's and the last evaluation's
+    assert not (out / "iter-0" / "controller" / "eval.json").exists()
+    assert (out / "iter-1" / "controller" / "eval.json").is_file()
+    assert [row["real_return"] for row in first["controllers"]] == [None, None]
+    assert all(np.isfinite(row["dream_return"]) for row in first["controllers"])
+    assert first["eval_real_env_steps"] == 0 and second["eval_real_env_steps"] >= 1
+    assert all(row["real_return"] is not None for row in second["controllers"])
+    assert summary["controllers_ranked"] == 2
+    collected = first["collected"]["steps"] + second["collected"]["steps"]
+    assert summary["real_env_steps"] == collected + second["eval_real_env_steps"]
+    assert (out / "iterations.png").is_file()
+    # each controller's progress.json counts the real steps behind it, as bench reads them
+    progress = [out / f"iter-{k}" / "controller" / "progress.json" for k in (0, 1)]
+    assert real_env_steps(read_progress(progress[0].parent)) == first["collected"]["steps"]
+    last = read_progress(progress[1].parent)
+    assert real_env_steps(last) == summary["real_env_steps"]
+    assert last["real_measurements"] == summary["real_measurements"]
+    assert "speedup" not in read_progress(progress[0].parent)  # never ran in the real env
+    assert last["real_return"] in [row["real_return"] for row in second["controllers"]]
+    progress[0].unlink()  # a loop made before the file: a rerun writes it, redoing nothing
+    stamp = (out / "iter-1" / "report.json").stat().st_mtime_ns
+    assert main([*argv, "--eval-real", "last"]) == 0
+    assert real_env_steps(read_progress(progress[0].parent)) == first["collected"]["steps"]
+    assert (out / "iter-1" / "report.json").stat().st_mtime_ns == stamp
     # the loop's data came from that explorer: a rerun without it is refused
     assert main(argv[:-2]) == 2
     assert "made with other settings" in capsys.readouterr().err
@@ -181,6 +209,8 @@ def test_loop_errors_are_one_line(tmp_path, capsys) -> None:
     assert "run the loop with --measure" in capsys.readouterr().err
     assert main([*argv, "--ensemble", "1", "--explore-uncertainty", "-1"]) == 2
     assert "--explore-uncertainty needs an ensemble" in capsys.readouterr().err
+    with pytest.raises(RlflowError, match="bad --eval-real 'first'"):
+        LoopSettings(eval_real="first").validate()  # the API's; the CLI's choices refuse it
     assert main([*argv, "--rule-repeat", "0.5"]) == 2  # RLFlow's agent draws no rules
     assert "--rule-repeat needs a rule-level agent" in capsys.readouterr().err
     assert not out.exists()
