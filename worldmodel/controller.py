@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,34 @@ HORIZONS = ("data", "max-steps")
 WORLD_BUNDLE = "world_model.pt"
 CONTROLLER_CHECKPOINT = "controller.pt"
 EVAL_REPORT = "eval.json"  # the controllers in the real env (--eval-real, the loop)
+
+
+def progress_record(
+    cost: Mapping[str, int],
+    row: Mapping[str, Any] | None,
+    episodes: list[dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
+    """A controller run's progress.json, what the sample-efficiency comparison with PPO reads
+    (`rlflow bench`): the real steps and measurements behind it (`cost`: real_env_steps,
+    real_measurements and their collect_/eval_ parts), none in the dream, and, where its
+    controllers ran in the real env, the kept tau's `row` (speedup, real and dream return) and
+    its real `episodes`. `train-controller` and the loop's rounds both write it."""
+    progress: dict[str, Any] = {
+        "kind": "controller",
+        "global_step": cost["real_env_steps"],
+        **cost,
+        "dream_real_env_steps": 0,
+        **extra,
+    }
+    if row is not None:
+        progress.update(
+            speedup=row["speedup"],
+            real_return=row["real_return"],
+            dream_return=row["dream_return"],
+            episodes=episodes,
+        )
+    return progress
 
 
 def tau_dir(run_dir: Path, temperature: float) -> Path:

@@ -44,7 +44,7 @@ from rlflow.config import write_run_config
 from rlflow.errors import RlflowError
 from rlflow.fileio import write_json_atomic
 from rlflow.worldmodel.collect import RANDOM_POLICIES, CollectSettings, collect, update_totals
-from rlflow.worldmodel.controller import EVAL_REPORT, ControllerSettings
+from rlflow.worldmodel.controller import EVAL_REPORT, ControllerSettings, progress_record
 from rlflow.worldmodel.data import MANIFEST, SHARD_PATTERN, RolloutData, read_manifest
 from rlflow.worldmodel.heldout import heldout_report, rank_correlation
 from rlflow.worldmodel.model import PROGRESS, WorldModel
@@ -361,29 +361,19 @@ def _write_progress(controller_dir: Path, iterations: list[dict[str, Any]]) -> N
     real steps and measurements behind that controller (every round's so far, the explorers'
     data included), what `rlflow bench` counts for it as an `agent:` against PPO's."""
     entry, cost = iterations[-1], _real_cost(iterations)
-    progress: dict[str, Any] = {
-        "kind": "controller",
-        "global_step": cost["real_env_steps"],
-        **cost,
-        "dream_real_env_steps": 0,
-        "loop_iteration": entry["iteration"],
-    }
-    tau = entry["selected_temperature"]
-    if tau is not None:  # its controllers ran in the real env
-        row = next(row for row in entry["controllers"] if row["temperature"] == tau)
-        progress.update(
-            speedup=row["speedup"],
-            real_return=row["real_return"],
-            dream_return=row["dream_return"],
-            episodes=[
-                {
-                    "global_step": cost["real_env_steps"],
-                    "return": row["real_return"],
-                    "speedup": row["speedup"],
-                    "real_measurements": cost["real_measurements"],
-                }
-            ],
+    tau = entry["selected_temperature"]  # None: its controllers never ran in the real env
+    row = next((row for row in entry["controllers"] if row["temperature"] == tau), None)
+    episodes = []
+    if row is not None:
+        episodes.append(
+            {
+                "global_step": cost["real_env_steps"],
+                "return": row["real_return"],
+                "speedup": row["speedup"],
+                "real_measurements": cost["real_measurements"],
+            }
         )
+    progress = progress_record(cost, row, episodes, loop_iteration=entry["iteration"])
     write_json_atomic(controller_dir / PROGRESS, progress)
 
 

@@ -190,35 +190,34 @@ def _progress(
 ) -> dict[str, Any]:
     """What the sample-efficiency comparison with PPO reads: real steps and measurements spent,
     and the speedup reached at that cost (the run's main temperature)."""
-    progress: dict[str, Any] = {
-        "kind": "controller",
-        "global_step": summary["real_env_steps"],
-        "real_env_steps": summary["real_env_steps"],
-        "real_measurements": summary["real_measurements"],
-        "collect_real_env_steps": summary["collect_real_env_steps"],
-        "collect_real_measurements": summary["collect_real_measurements"],
-        "dream_real_env_steps": 0,
-        "wall_s": summary["wall_s"],
-    }
-    if report is not None:
-        row = report["temperatures"][f"{temperature:g}"]
-        progress.update(
-            eval_real_env_steps=report["real_env_steps"],
-            eval_real_measurements=report["real_measurements"],
-            speedup=row["speedup"],
-            real_return=row["real_return"],
-            dream_return=row["dream_return"],
-            episodes=[
-                {
-                    "global_step": summary["collect_real_env_steps"],
-                    "model": entry["model"],
-                    "return": entry["real_return"],
-                    "speedup": entry["speedup"],
-                    "length": entry["steps"],
-                    "real_measurements": summary["collect_real_measurements"],
-                }
-                for entry in report["per_model"]
-                if entry["temperature"] == temperature
-            ],
+    from rlflow.worldmodel.controller import progress_record
+
+    cost = {
+        key: summary[key]
+        for key in (
+            "real_env_steps",
+            "real_measurements",
+            "collect_real_env_steps",
+            "collect_real_measurements",
         )
-    return progress
+    }
+    if report is None:
+        return progress_record(cost, None, [], wall_s=summary["wall_s"])
+    cost.update(
+        eval_real_env_steps=report["real_env_steps"],
+        eval_real_measurements=report["real_measurements"],
+    )
+    episodes = [
+        {
+            "global_step": summary["collect_real_env_steps"],
+            "model": entry["model"],
+            "return": entry["real_return"],
+            "speedup": entry["speedup"],
+            "length": entry["steps"],
+            "real_measurements": summary["collect_real_measurements"],
+        }
+        for entry in report["per_model"]
+        if entry["temperature"] == temperature
+    ]
+    row = report["temperatures"][f"{temperature:g}"]
+    return progress_record(cost, row, episodes, wall_s=summary["wall_s"])
