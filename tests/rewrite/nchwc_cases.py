@@ -44,6 +44,8 @@ EXPECTED_OPS = {
     + ["Concat"]
     + ["Reshape", "MatMul"] * 3
     + ["Reshape", "DepthToSpace", "Add", RI, RO],
+    "nchwc-conv-join": [RI, "Relu", "Conv", RO],
+    "nchwc-activation-join": [RI, "Conv", RO],
 }
 
 NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
@@ -243,3 +245,17 @@ def _():
         b, blocked_input(b, (1, B, 3, 3)), activation="Clip", activation_params=[0.0, 6.0]
     )
     return b.model(_op(b, RO, [conv], channels=B))
+
+
+@negative("nchwc-conv-join", "would read NCHW directly")
+def _():
+    b = ModelBuilder()  # four input channels: nchwc-conv blocks it, reading NCHW
+    nchw = _op(b, RO, [blocked_input(b, (1, 4, 4, 4))], channels=4)
+    return b.model(b.op("Conv", [nchw, b.const((B, 4, 3, 3))], pads=[1] * 4))
+
+
+@negative("nchwc-activation-join", "applies Tanh already")
+def _():
+    b = ModelBuilder()
+    conv = _blocked_conv(b, blocked_input(b, (1, B, 3, 3)), activation="Tanh")
+    return b.model(b.op("Relu", [_op(b, RO, [conv], channels=B)]))

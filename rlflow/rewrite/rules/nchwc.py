@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 
 from rlflow.cost import nchwc_block_size
-from rlflow.graph import MS_DOMAIN, Graph, Value
+from rlflow.graph import MS_DOMAIN, Graph, Node, Value
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement, both_ways
 from rlflow.rewrite.rules import nchwc_blocked
@@ -66,8 +66,8 @@ from rlflow.rewrite.rules.nchwc_layout import (
 )
 
 
-def _constants_reason(graph: Graph, match: Match) -> str | None:
-    """Why the matched Conv's filter and bias cannot be reordered (None: they can)."""
+def constants_reason(graph: Graph, match: Match) -> str | None:
+    """Why the matched Conv's filter `w` and bias `b` cannot be reordered (None: they can)."""
     weight = graph.constant(match["w"])
     if weight is None or weight.dtype != np.float32:
         return "the filter is not a float constant"
@@ -78,10 +78,36 @@ def _constants_reason(graph: Graph, match: Match) -> str | None:
 
 
 def _layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
-    if reason := _constants_reason(graph, match):
+    if reason := constants_reason(graph, match):
         return reason
     weight = graph.constant(match["w"])
     return conv_layout(weight.shape, match.node("y").attr("group", 1), block)
+
+
+def emit_blocked_conv(
+    emit: Emitter,
+    conv: Node,
+    source: str,
+    bias: str,
+    out: Value,
+    weight: np.ndarray,
+    layout: ConvLayout,
+    block: int,
+    **attrs: object,
+) -> str:
+    """ReorderOutput(nchwc.Conv(source, w', b')) standing for `out`: `conv` blocked, with
+    `weight` (OIHW) as its filter, `source` its input as the blocked Conv reads it (blocked, or
+    NCHW for an OIHWBo filter) and `attrs` overriding the Conv's own."""
+    graph = emit.graph
+    filters = emit.const(reorder_filter(weight, block, layout.per_output), "weight")
+    if bias and len(graph.constant(bias)) % block:
+        bias = emit.const(pad_channels(graph.constant(bias), block), "bias")
+    n, channels, *spatial = out.shape
+    if layout.depthwise:
+        attrs["group"] = padded(channels, block)
+    blocked = emit.copy(conv, [source, filters, bias], "Conv", NCHWC, **attrs)
+    typed(emit, blocked, (n, padded(channels, block), *spatial), out.dtype)
+    return reorder_output_for(emit, blocked, out.name, channels)
 
 
 def _blocked_conv(
@@ -97,17 +123,11 @@ def _blocked_conv(
     emit = Emitter(graph)
     x = graph.value(match["x"])
     source = reorder_input(emit, x, block) if layout.reorder_input else x.name
-    filters = emit.const(reorder_filter(weight, block, layout.per_output), "weight")
-    bias = match["b"]
-    if bias and len(graph.constant(bias)) % block:
-        bias = emit.const(pad_channels(graph.constant(bias), block), "bias")
     out = graph.value(match.outputs[0])
-    n, channels, *spatial = out.shape
-    if layout.depthwise:
-        attrs["group"] = padded(channels, block)
-    blocked = emit.copy(match.node("y"), [source, filters, bias], "Conv", NCHWC, **attrs)
-    typed(emit, blocked, (n, padded(channels, block), *spatial), out.dtype)
-    return emit.result(reorder_output_for(emit, blocked, out.name, channels))
+    conv = match.node("y")
+    return emit.result(
+        emit_blocked_conv(emit, conv, source, match["b"], out, weight, layout, block, **attrs)
+    )
 
 
 class ConvToNchwc(NchwcPatternRule):
@@ -246,7 +266,7 @@ class GroupedConvToNchwc(NchwcPatternRule):
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
             return "nchwc Conv takes 2-D float convolutions only"
-        if reason := _constants_reason(graph, match):
+        if reason := constants_reason(graph, match):
             return reason
         if not isinstance(_layout(graph, match, block), str):
             return "onnxruntime blocks this Conv as it is (nchwc-conv)"
@@ -482,7 +502,7 @@ class BlockedConvUnblock(NchwcPatternRule):
     settings = 4
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        if reason := out_of_layout_reason(graph, match) or _constants_reason(graph, match):
+        if reason := out_of_layout_reason(graph, match) or constants_reason(graph, match):
             return reason
         weight = graph.constant(match["w"])
         if match.node("y").attr("group", 1) != 1 or weight.ndim != 4:

@@ -1,0 +1,195 @@
+"""A Conv joins the blocked region it reads from, in one step, as onnxruntime's transformer does.
+
+- Conv(ReorderOutput(x), w, b) -> ReorderOutput(nchwc.Conv(x, w', b'))      (x blocked)
+- Relu(Conv(ReorderOutput(x), w, b)) -> ReorderOutput(nchwc.Conv(x, w', b', activation=Relu))
+
+The same graph is three or four steps of the other rules: `nchwc-conv` (a reorder pair in,
+a ReorderOutput out), `nchwc-reorder-cancel` (the pair between the regions gone), then the
+activation moved into the layout and fused. Alone, the first of them costs time (the pair
+runs before the cancel removes it), so a search had to take a loss at every Conv of a chain
+to grow a region, and the path to a whole blocked CNN was some hundred steps long: SqueezeNet
+1.1's layout (26 Convs, 26 activations, 8 Concats, the pools and the cancels) took every step
+of a 100-step episode, and only one learner run in several found it. With this rule each Conv
+after the first joins its region at a gain, so the region grows step by step as onnxruntime
+grows it in one sweep. The way back is `nchwc-conv-unblock` then `nchwc-reorder-roundtrip`.
+
+A Conv that reads NCHW directly (fewer input channels than a block) is `nchwc-conv`'s: it has
+no reorder to save.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from rlflow.cost import nchwc_block_size
+from rlflow.graph import MS_DOMAIN, Graph
+from rlflow.rewrite.build import ModelBuilder
+from rlflow.rewrite.rule import Emitter, Match, Replacement
+from rlflow.rewrite.rules.common import pick, shape
+from rlflow.rewrite.rules.nchwc import constants_reason, emit_blocked_conv
+from rlflow.rewrite.rules.nchwc_format import conv_layout, padded
+from rlflow.rewrite.rules.nchwc_layout import (
+    ACTIVATIONS,
+    NCHWC,
+    N,
+    NchwcPatternRule,
+    blocked_conv,
+    blocked_input,
+    channels_first,
+    example_block,
+    float_tensor,
+    reorder_output_for,
+)
+
+_CONVS = ("Conv", f"{MS_DOMAIN}.FusedConv")
+_PLAIN_PATTERNS = tuple(f"y={op}({N}ReorderOutput(x), w, b?)" for op in _CONVS)
+_ACTIVATED_PATTERNS = tuple(f"y={act}(c=Conv({N}ReorderOutput(x), w, b?))" for act in ACTIVATIONS)
+
+
+class ConvJoin(NchwcPatternRule):
+    name = "nchwc-conv-join"
+    description = (
+        "Conv(ReorderOutput(x), w, b) -> ReorderOutput(nchwc.Conv(x, w', b'))"
+        "  (x blocked; a Relu after the Conv fused, a FusedConv's activation kept)"
+    )
+    pattern = (*_PLAIN_PATTERNS, *_ACTIVATED_PATTERNS)
+    target_ops = {"Conv": 1, "ReorderOutput": 1}
+    settings = 4
+
+    def _conv_name(self, match: Match) -> str:
+        return "y" if match.pattern_index < len(_PLAIN_PATTERNS) else "c"
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        conv = match.node(self._conv_name(match))
+        reorder = graph.producer(conv.inputs[0])
+        if len(shape(graph, conv.inputs[0])) != 4 or not float_tensor(graph, conv.inputs[0]):
+            return "nchwc Conv takes 2-D float convolutions only"
+        if not channels_first(reorder):
+            return "the ReorderOutput is to NHWC"
+        if padded(reorder.attr("channels"), block) != shape(graph, match["x"])[1]:
+            return "the ReorderOutput drops whole blocks"
+        if reason := constants_reason(graph, match):
+            return reason
+        layout = conv_layout(graph.constant(match["w"]).shape, conv.attr("group", 1), block)
+        if isinstance(layout, str):
+            return layout
+        if not layout.reorder_input:
+            return "the Conv would read NCHW directly (fewer input channels than a block)"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        block = nchwc_block_size()
+        conv = match.node(self._conv_name(match))
+        weight = graph.constant(match["w"])
+        layout = conv_layout(weight.shape, conv.attr("group", 1), block)
+        attrs: dict[str, object] = {}
+        if match.pattern_index >= len(_PLAIN_PATTERNS):
+            act = match.nodes[0]
+            params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
+            attrs = {"activation": act.op_type, "activation_params": params or None}
+        emit = Emitter(graph)
+        out = graph.value(match.outputs[0])
+        y = emit_blocked_conv(
+            emit, conv, match["x"], match["b"], out, weight, layout, block, **attrs
+        )
+        return emit.result(y)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        half, two = block // 2, 2 * block
+        # input channels, output channels, group, kernel, stride, activation, fused, shared
+        cin, cout, group, k, stride, act, fused, shared = pick(
+            setting,
+            [
+                (block, block, 1, 3, 1, None, False, False),
+                (block + 4, block + half, 1, 1, 2, "Relu", False, True),  # padded in and out
+                (block + 4, block + 4, block + 4, 3, 1, "LeakyRelu", True, False),  # depthwise
+                (two, two, 2, 3, 1, "HardSigmoid", False, True),  # two groups of a block each
+            ],
+        )
+        rng = np.random.default_rng(setting)
+        weight = rng.standard_normal((cout, cin // group, k, k)).astype(np.float32)
+        bias = rng.standard_normal(cout).astype(np.float32)
+        attrs: dict[str, object] = {"group": group, "pads": [k // 2] * 4, "strides": [stride] * 2}
+        b = ModelBuilder()
+        blocked = b.op("Relu", [blocked_input(b, (1, cin, 7, 7))])
+        nchw = b.op("ReorderOutput", [blocked], domain=NCHWC, channels=cin)
+        inputs = [nchw, b.const(weight), b.const(bias)]
+        if fused:
+            y = b.op(
+                "FusedConv",
+                inputs,
+                domain=MS_DOMAIN,
+                activation=act,
+                activation_params=[0.1],
+                **attrs,
+            )
+        else:
+            y = b.op("Conv", inputs, **attrs)
+            if act:
+                params = {"alpha": 0.3, "beta": 0.4} if act == "HardSigmoid" else {}
+                y = b.op(act, [y], **params)
+        return b.model(y, nchw) if shared else b.model(y)
+
+
+class ActivationJoin(NchwcPatternRule):
+    """An activation after a blocked Conv's ReorderOutput into the Conv: `nchwc-activation-move`
+    then `nchwc-conv-activation-fusion` in one step. Alone, the move runs the activation on the
+    padded blocked tensor and gains nothing, so a search that blocked a Conv without its
+    activation left the activation between its region and the next Conv's, where neither the
+    cancel nor the join could reach."""
+
+    name = "nchwc-activation-join"
+    description = (
+        "Relu(ReorderOutput(nchwc.Conv(x, w, b, s))) -> "
+        "ReorderOutput(nchwc.Conv(x, w, b, s, activation=Relu))"
+    )
+    pattern = tuple(f"y={act}({N}ReorderOutput(c={N}Conv(x, w, b?, s?)))" for act in ACTIVATIONS)
+    target_ops = {"Conv": 1, "ReorderOutput": 1}
+    settings = len(ACTIVATIONS)
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        # A ReorderOutput read elsewhere too stays for its readers (`keep_shared_reorders`),
+        # so the Conv's output is read outside the pattern and the site is refused before this.
+        if not channels_first(graph.producer(match.nodes[0].inputs[0])):
+            return "the ReorderOutput is to NHWC"
+        if match.node("c").attr("activation") is not None:
+            return f"the nchwc Conv applies {match.node('c').attr('activation')} already"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        act, conv = match.nodes[0], match.node("c")
+        reorder = graph.producer(act.inputs[0])
+        params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
+        emit = Emitter(graph)
+        inputs = [match["x"], match["w"], match["b"], match["s"]]
+        fused = emit.copy(
+            conv,
+            inputs,
+            like=reorder.inputs[0],
+            activation=act.op_type,
+            activation_params=params or None,
+        )
+        out = match.outputs[0]
+        return emit.result(reorder_output_for(emit, fused, out, reorder.attr("channels")))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        act = list(ACTIVATIONS)[setting % len(ACTIVATIONS)]
+        channels = block + 4 if setting % 2 else block
+        rng = np.random.default_rng(setting)
+        weight = rng.standard_normal((channels, block, 3, 3)).astype(np.float32)
+        bias = rng.standard_normal(channels).astype(np.float32)
+        b = ModelBuilder()
+        source = blocked_input(b, (1, block, 6, 6))
+        layout = conv_layout(weight.shape, 1, block)
+        total = blocked_input(b, (1, channels, 6, 6)) if setting == 2 else None
+        conv = blocked_conv(b, source, weight, layout, bias, total, pads=[1] * 4)
+        nchw = b.op("ReorderOutput", [conv], domain=NCHWC, channels=channels)
+        params = {"alpha": 0.3, "beta": 0.4} if act == "HardSigmoid" else {}
+        params = {"alpha": 0.2} if act == "LeakyRelu" else params
+        return b.model(b.op(act, [nchw], **params))
+
+
+RULES = [ConvJoin(), ActivationJoin()]
