@@ -26,7 +26,8 @@ so that a search can choose, site by site, where the blocked layout pays:
 
 and, in `nchwc_blocked`, the rules that grow and shrink blocked regions: reorder pairs
 cancelled and shared, ops moved across ReorderOutput, Add and activations fused into the
-nchwc Conv. Every rule refuses every site where onnxruntime does no NCHWc.
+nchwc Conv; in `nchwc_join`, a Conv (or an activation) joining the region it reads in one step.
+Every rule refuses every site where onnxruntime does no NCHWc.
 """
 
 from __future__ import annotations

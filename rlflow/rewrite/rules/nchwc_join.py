@@ -19,6 +19,8 @@ no reorder to save.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import onnx
 
@@ -26,6 +28,7 @@ from rlflow.cost import nchwc_block_size
 from rlflow.graph import MS_DOMAIN, Graph
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement
+from rlflow.rewrite.rules import nchwc
 from rlflow.rewrite.rules.common import pick, shape
 from rlflow.rewrite.rules.nchwc import constants_reason, emit_blocked_conv
 from rlflow.rewrite.rules.nchwc_format import conv_layout, padded
@@ -48,6 +51,8 @@ _ACTIVATED_PATTERNS = tuple(f"y={act}(c=Conv({N}ReorderOutput(x), w, b?))" for a
 
 
 class ConvJoin(NchwcPatternRule):
+    """`nchwc-conv` and `nchwc-reorder-cancel` (and the activation's fusion) in one step."""
+
     name = "nchwc-conv-join"
     description = (
         "Conv(ReorderOutput(x), w, b) -> ReorderOutput(nchwc.Conv(x, w', b'))"
@@ -56,6 +61,10 @@ class ConvJoin(NchwcPatternRule):
     pattern = (*_PLAIN_PATTERNS, *_ACTIVATED_PATTERNS)
     target_ops = {"Conv": 1, "ReorderOutput": 1}
     settings = 4
+
+    def fingerprint(self) -> str:
+        """Its own source and the Conv blocking it shares with `nchwc-conv` (in `nchwc`)."""
+        return super().fingerprint() + inspect.getsource(nchwc)
 
     def _conv_name(self, match: Match) -> str:
         return "y" if match.pattern_index < len(_PLAIN_PATTERNS) else "c"
