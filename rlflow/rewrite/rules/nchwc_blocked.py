@@ -37,6 +37,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
     channels_first,
     emit_activation,
     example_block,
+    fused_activation,
     is_blocked,
     is_nchwc,
     keep_shared_reorders,
@@ -322,14 +323,7 @@ class ConvActivationFusion(NchwcPatternRule):
             )
             return emit.result(emit_activation(emit, conv, plain))
         act = match.nodes[0]
-        params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
-        fused = emit.copy(
-            match.node("c"),
-            inputs,
-            like=match.outputs[0],
-            activation=act.op_type,
-            activation_params=params or None,
-        )
+        fused = emit.copy(match.node("c"), inputs, like=match.outputs[0], **fused_activation(act))
         return emit.result(fused)
 
     def example(self, setting: int) -> onnx.ModelProto:

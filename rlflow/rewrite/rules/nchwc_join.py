@@ -42,6 +42,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
     channels_first,
     example_block,
     float_tensor,
+    fused_activation,
     reorder_output_for,
 )
 
@@ -92,11 +93,8 @@ class ConvJoin(NchwcPatternRule):
         conv = match.node(self._conv_name(match))
         weight = graph.constant(match["w"])
         layout = conv_layout(weight.shape, conv.attr("group", 1), block)
-        attrs: dict[str, object] = {}
-        if match.pattern_index >= len(_PLAIN_PATTERNS):
-            act = match.nodes[0]
-            params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
-            attrs = {"activation": act.op_type, "activation_params": params or None}
+        activated = match.pattern_index >= len(_PLAIN_PATTERNS)
+        attrs = fused_activation(match.nodes[0]) if activated else {}
         emit = Emitter(graph)
         out = graph.value(match.outputs[0])
         y = emit_blocked_conv(
@@ -170,16 +168,9 @@ class ActivationJoin(NchwcPatternRule):
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         act, conv = match.nodes[0], match.node("c")
         reorder = graph.producer(act.inputs[0])
-        params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
         emit = Emitter(graph)
         inputs = [match["x"], match["w"], match["b"], match["s"]]
-        fused = emit.copy(
-            conv,
-            inputs,
-            like=reorder.inputs[0],
-            activation=act.op_type,
-            activation_params=params or None,
-        )
+        fused = emit.copy(conv, inputs, like=reorder.inputs[0], **fused_activation(act))
         out = match.outputs[0]
         return emit.result(reorder_output_for(emit, fused, out, reorder.attr("channels")))
 

@@ -63,6 +63,13 @@ def activation_reason(conv: Node) -> str | None:
     return None
 
 
+def fused_activation(act: Node) -> dict[str, object]:
+    """The nchwc Conv attributes that apply the activation node `act` itself (`Emitter.copy`
+    keywords: its attributes, with their ONNX defaults, in `activation_params` order)."""
+    params = [act.attr(name, default) for name, default in ACTIVATIONS[act.op_type]]
+    return {"activation": act.op_type, "activation_params": params or None}
+
+
 def emit_activation(emit: Emitter, conv: Node, y: str, like: str = "") -> str:
     """The Conv's fused activation as its own operator (`activation_params` as attributes)."""
     activation = conv.attr("activation")
