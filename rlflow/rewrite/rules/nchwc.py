@@ -67,7 +67,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
 )
 
 
-def constants_reason(graph: Graph, match: Match) -> str | None:
+def _constants_reason(graph: Graph, match: Match) -> str | None:
     """Why the matched Conv's filter `w` and bias `b` cannot be reordered (None: they can)."""
     weight = graph.constant(match["w"])
     if weight is None or weight.dtype != np.float32:
@@ -78,8 +78,9 @@ def constants_reason(graph: Graph, match: Match) -> str | None:
     return None
 
 
-def _layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
-    if reason := constants_reason(graph, match):
+def matched_layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
+    """The blocked layout of the matched Conv `y` (filter `w`, bias `b`), or why it has none."""
+    if reason := _constants_reason(graph, match):
         return reason
     weight = graph.constant(match["w"])
     return conv_layout(weight.shape, match.node("y").attr("group", 1), block)
@@ -149,7 +150,7 @@ class ConvToNchwc(NchwcPatternRule):
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
             return "nchwc Conv takes 2-D float convolutions only"
-        layout = _layout(graph, match, block)
+        layout = matched_layout(graph, match, block)
         if isinstance(layout, str):
             return layout
         if not self.reverse:
@@ -176,7 +177,7 @@ class ConvToNchwc(NchwcPatternRule):
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         block = nchwc_block_size()
-        layout = _layout(graph, match, block)
+        layout = matched_layout(graph, match, block)
         if self.reverse:
             return self._unblocked(graph, match, block, layout)
         return _blocked_conv(graph, match, graph.constant(match["w"]), layout, block)
@@ -267,9 +268,9 @@ class GroupedConvToNchwc(NchwcPatternRule):
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
             return "nchwc Conv takes 2-D float convolutions only"
-        if reason := constants_reason(graph, match):
+        if reason := _constants_reason(graph, match):
             return reason
-        if not isinstance(_layout(graph, match, block), str):
+        if not isinstance(matched_layout(graph, match, block), str):
             return "onnxruntime blocks this Conv as it is (nchwc-conv)"
         weight = graph.constant(match["w"])
         group = match.node("y").attr("group", 1)
@@ -503,7 +504,7 @@ class BlockedConvUnblock(NchwcPatternRule):
     settings = 4
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        if reason := out_of_layout_reason(graph, match) or constants_reason(graph, match):
+        if reason := out_of_layout_reason(graph, match) or _constants_reason(graph, match):
             return reason
         weight = graph.constant(match["w"])
         if match.node("y").attr("group", 1) != 1 or weight.ndim != 4:

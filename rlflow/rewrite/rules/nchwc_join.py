@@ -33,7 +33,7 @@ from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement
 from rlflow.rewrite.rules import nchwc
 from rlflow.rewrite.rules.common import pick, shape
-from rlflow.rewrite.rules.nchwc import constants_reason, emit_blocked_conv
+from rlflow.rewrite.rules.nchwc import emit_blocked_conv, matched_layout
 from rlflow.rewrite.rules.nchwc_format import conv_layout, padded
 from rlflow.rewrite.rules.nchwc_layout import (
     ACTIVATIONS,
@@ -51,7 +51,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
 
 _CONVS = ("Conv", f"{MS_DOMAIN}.FusedConv")
 _PLAIN_PATTERNS = tuple(f"y={op}({N}ReorderOutput(x), w, b?)" for op in _CONVS)
-_ACTIVATED_PATTERNS = tuple(f"y={act}(c=Conv({N}ReorderOutput(x), w, b?))" for act in ACTIVATIONS)
+_ACTIVATED_PATTERNS = tuple(f"z={act}(y=Conv({N}ReorderOutput(x), w, b?))" for act in ACTIVATIONS)
 
 
 class ConvJoin(NchwcPatternRule):
@@ -70,21 +70,15 @@ class ConvJoin(NchwcPatternRule):
         """Its own source and the Conv blocking it shares with `nchwc-conv` (in `nchwc`)."""
         return super().fingerprint() + inspect.getsource(nchwc)
 
-    def _conv_name(self, match: Match) -> str:
-        return "y" if match.pattern_index < len(_PLAIN_PATTERNS) else "c"
-
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        conv = match.node(self._conv_name(match))
-        reorder = graph.producer(conv.inputs[0])
-        if len(shape(graph, conv.inputs[0])) != 4 or not float_tensor(graph, conv.inputs[0]):
+        reorder = graph.producer(match.node("y").inputs[0])
+        if len(shape(graph, reorder.outputs[0])) != 4 or not float_tensor(graph, match["x"]):
             return "nchwc Conv takes 2-D float convolutions only"
         if not channels_first(reorder):
             return "the ReorderOutput is to NHWC"
         if padded(reorder.attr("channels"), block) != shape(graph, match["x"])[1]:
             return "the ReorderOutput drops whole blocks"
-        if reason := constants_reason(graph, match):
-            return reason
-        layout = conv_layout(graph.constant(match["w"]).shape, conv.attr("group", 1), block)
+        layout = matched_layout(graph, match, block)
         if isinstance(layout, str):
             return layout
         if not layout.reorder_input:
@@ -93,9 +87,9 @@ class ConvJoin(NchwcPatternRule):
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         block = nchwc_block_size()
-        conv = match.node(self._conv_name(match))
+        conv = match.node("y")
         weight = graph.constant(match["w"])
-        layout = conv_layout(weight.shape, conv.attr("group", 1), block)
+        layout = matched_layout(graph, match, block)
         activated = match.pattern_index >= len(_PLAIN_PATTERNS)
         attrs = fused_activation(match.nodes[0]) if activated else {}
         emit = Emitter(graph)
