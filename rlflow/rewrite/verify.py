@@ -1,10 +1,11 @@
 """Verify every rule before it enters a RuleSet, and cache the verdicts.
 
 A rule is verified at each of its shape settings (three or more): its example model (the
-source pattern with random constants) is loaded, the rule is applied at its first site, the
-result must pass `onnx.checker.check_model(full_check=True)` and compute the same outputs as
-the example in onnxruntime on random inputs (`same_function`), on the execution provider that
-will run the rewritten models (`rlflow.cost.session.default_provider`: CUDA where onnxruntime
+source pattern with random constants) is loaded, the rule is applied at the first site of each
+of its alternative patterns there, and each result must pass
+`onnx.checker.check_model(full_check=True)` and compute the same outputs as the example in
+onnxruntime on random inputs (`same_function`), on the execution provider that will run the
+rewritten models (`rlflow.cost.session.default_provider`: CUDA where onnxruntime
 lists it). A rule failing any setting is left out of every default RuleSet and listed by name
 with its reason; so is a rule whose example or result does not run on that provider (CUDA's
 FusedConv, for one, takes Relu as its only activation, and a session holding any other fails to
@@ -31,12 +32,13 @@ import onnx
 from rlflow.cost.cache import cache_dir, read_json, update_json_atomic
 from rlflow.cost.session import default_provider
 from rlflow.errors import RlflowError, first_line
-from rlflow.rewrite.replacement import RewriteRejected
+from rlflow.rewrite.replacement import Match, RewriteRejected
 from rlflow.rewrite.rule import Rule
 
 if TYPE_CHECKING:
     from rlflow.cost.equivalence import EquivalenceReport
     from rlflow.cost.source import ModelLike
+    from rlflow.graph import Graph
 
 _ENGINE_MODULES = (
     "rule.py",
@@ -45,6 +47,7 @@ _ENGINE_MODULES = (
     "build.py",
     "template.py",
     "rules/common.py",
+    "verify.py",
 )
 
 RULE_SEEDS = (0, 1)
@@ -88,23 +91,44 @@ def verify_rule(rule: Rule) -> VerificationResult:
         except Exception as error:  # a rule without a usable example cannot be trusted
             return failed(setting, f"no example model ({first_line(error)})")
         try:
-            match = next(iter(rule.sites(graph)), None)
-            if match is None:
-                return failed(setting, "the rule finds no site in its example")
-            result = rule.apply(graph, match)
-            onnx.checker.check_model(result.to_onnx(), full_check=True)
-        except RewriteRejected as error:
-            return failed(setting, f"rewrite rejected: {error}")
-        except Exception as error:  # checker errors come in several types; a rule bug too
-            return failed(setting, f"invalid result: {first_line(error)}")
-        try:
-            report = same_function(graph, result)
-        except RlflowError as error:  # a side onnxruntime cannot load or run on this provider
-            return failed(setting, f"does not run on {default_provider()}: {first_line(error)}")
-        worst = max(worst, report.max_abs_err)
-        if not report.equivalent:
-            return failed(setting, report.reason)
+            sites = _one_site_per_pattern(rule, graph)
+        except Exception as error:  # a rule bug
+            return failed(setting, f"invalid match: {first_line(error)}")
+        if not sites:
+            return failed(setting, "the rule finds no site in its example")
+        for match in sites:
+            reason, error = _check_site(rule, graph, match)
+            worst = max(worst, error)
+            if reason:
+                return failed(setting, reason)
     return VerificationResult(rule.name, True, rule.settings, worst, "equivalent", fingerprint)
+
+
+def _one_site_per_pattern(rule: Rule, graph: Graph) -> list[Match]:
+    """The first site of each of the rule's alternative patterns that its example holds: an
+    example can hold a site of several (a Conv alone, and the Conv with its activation), and
+    each alternative rewrites differently."""
+    sites: dict[int, Match] = {}
+    for match in rule.sites(graph):
+        sites.setdefault(match.pattern_index, match)
+    return list(sites.values())
+
+
+def _check_site(rule: Rule, graph: Graph, match: Match) -> tuple[str, float]:
+    """Why the rewrite of `graph` at `match` is not valid or not equivalent ('' when it is), and
+    its largest absolute error."""
+    try:
+        result = rule.apply(graph, match)
+        onnx.checker.check_model(result.to_onnx(), full_check=True)
+    except RewriteRejected as error:
+        return f"rewrite rejected: {error}", 0.0
+    except Exception as error:  # checker errors come in several types; a rule bug too
+        return f"invalid result: {first_line(error)}", 0.0
+    try:
+        report = same_function(graph, result)
+    except RlflowError as error:  # a side onnxruntime cannot load or run on this provider
+        return f"does not run on {default_provider()}: {first_line(error)}", 0.0
+    return ("" if report.equivalent else report.reason), report.max_abs_err
 
 
 def verify_rules(

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 from rlflow.cost import check_equivalence, nchwc_block_size
 from rlflow.graph import MS_DOMAIN, NCHWC_DOMAIN, Graph, load_model
 from rlflow.rewrite.build import ModelBuilder
-from rlflow.rewrite.rules import conv, nchwc, nchwc_layout
+from rlflow.rewrite.rules import conv, nchwc, nchwc_join, nchwc_layout
 from rlflow.rewrite.rules.common import merge_groups
 from rlflow.rewrite.rules.nchwc_format import (
     conv_layout,
@@ -29,13 +29,14 @@ from rlflow.zoo import cached_path
 BLOCK = nchwc_block_size()
 pytestmark = pytest.mark.skipif(BLOCK is None, reason="onnxruntime does no NCHWc here")
 
-RULES = {rule.name: rule for rule in [*conv.RULES, *nchwc.RULES]}
+RULES = {rule.name: rule for rule in [*conv.RULES, *nchwc.RULES, *nchwc_join.RULES]}
 
 # onnxruntime's levels 1-2 before its NCHWc pass: BatchNormalization folded, Conv+Relu fused.
 BEFORE_LAYOUT = ["conv-batchnorm-fold", "conv-relu-to-fusedconv"]
 # Into the layout: convert ops, join regions, move and fuse the rest in.
 FORWARD = [
     "nchwc-conv",
+    "nchwc-conv-join",
     "nchwc-pool",
     "nchwc-reorder-cancel",
     "nchwc-reorder-roundtrip",
@@ -178,6 +179,36 @@ def test_a_split_keeps_only_the_channels_a_reader_needs():
     result = rule.apply(graph, next(iter(rule.sites(graph))))
     kept = [n.attr("channels") for n in result.nodes if n.op_type == "ReorderOutput"]
     assert kept[0] == BLOCK + 4
+
+
+def _reasons(rule_name: str, graph: Graph) -> list[str | None]:
+    """The rule's verdict at each match of its patterns in `graph`, in node order."""
+    rule = RULES[rule_name]
+    return [rule.check(graph, m) for node in graph.nodes for m in rule.matches(graph, node)]
+
+
+def test_a_conv_is_blocked_with_its_activation_and_joins_the_region_it_reads():
+    """As onnxruntime's transformer converts them: a Conv whose only reader is a Relu is blocked
+    with the Relu fused, never alone (the Relu would stay in NCHW between its region and the next
+    Conv's), and a Conv reading a region's ReorderOutput joins the region (no reorder pair)."""
+    rng = np.random.default_rng(0)
+    b = ModelBuilder()
+    weights = [b.const(rng.standard_normal((BLOCK, BLOCK, 3, 3)).astype(np.float32)) for _ in "ab"]
+    first = b.op("Relu", [b.op("Conv", [b.input((1, BLOCK, 6, 6)), weights[0]], pads=[1] * 4)])
+    graph = load_model(b.model(b.op("Conv", [first, weights[1]], pads=[1] * 4)))
+    reasons = _reasons("nchwc-conv", graph)
+    assert reasons[0].startswith("the Relu after the Conv fuses with it")
+    assert reasons[1:] == [None, None]  # the Conv with its Relu; the last Conv, read by none
+    blocked = RULES["nchwc-conv"].apply(graph, next(iter(RULES["nchwc-conv"].sites(graph))))
+    assert [n.attr("activation") for n in blocked.nodes if n.op_type == "Conv"] == ["Relu", None]
+    assert _reasons("nchwc-conv", blocked) == [
+        "the Conv reads a blocked region's ReorderOutput: it joins the region (nchwc-conv-join)"
+    ]
+    joined = RULES["nchwc-conv-join"].apply(
+        blocked, next(iter(RULES["nchwc-conv-join"].sites(blocked)))
+    )
+    assert [n.op_type for n in joined.nodes] == ["ReorderInput", "Conv", "Conv", "ReorderOutput"]
+    assert check_equivalence(graph, joined).equivalent
 
 
 def test_a_shared_reorder_stays_for_its_other_reader():

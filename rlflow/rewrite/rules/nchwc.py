@@ -50,6 +50,7 @@ from rlflow.rewrite.rules.nchwc_format import (
     restore_filter,
 )
 from rlflow.rewrite.rules.nchwc_layout import (
+    ACTIVATIONS,
     NCHWC,
     N,
     NchwcPatternRule,
@@ -59,6 +60,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
     conv_out_of_layout,
     example_block,
     float_tensor,
+    fused_activation,
     out_of_layout_reason,
     reorder_input,
     reorder_output,
@@ -84,6 +86,44 @@ def matched_layout(graph: Graph, match: Match, block: int) -> ConvLayout | str:
         return reason
     weight = graph.constant(match["w"])
     return conv_layout(weight.shape, match.node("y").attr("group", 1), block)
+
+
+def region_reason(graph: Graph, reorder: Node, block: int) -> str | None:
+    """Why a Conv reading `reorder`'s output (a ReorderOutput) cannot read its blocked input
+    instead and so join the region (None: it can, where the Conv reads blocked tensors)."""
+    source = reorder.inputs[0]
+    if len(shape(graph, reorder.outputs[0])) != 4 or not float_tensor(graph, source):
+        return "nchwc Conv takes 2-D float convolutions only"
+    if not channels_first(reorder):
+        return "the ReorderOutput is to NHWC"
+    if padded(reorder.attr("channels"), block) != shape(graph, source)[1]:
+        return "the ReorderOutput drops whole blocks"
+    return None
+
+
+def _fusing_activation(graph: Graph, match: Match) -> str | None:
+    """Why the matched plain Conv `y` is not to be blocked alone: the activation that alone reads
+    it would fuse into the blocked Conv (`nchwc-conv`'s site with the activation), and blocked
+    without it, it would stay in NCHW between the Conv's region and the next Conv's."""
+    conv = match.node("y")
+    readers = graph.consumers(conv.outputs[0])
+    if match.pattern_index != 0 or graph.is_output(conv.outputs[0]) or len(readers) != 1:
+        return None  # the site with the activation, a FusedConv, or a Conv read elsewhere
+    if readers[0].domain or readers[0].op_type not in ACTIVATIONS:
+        return None
+    return f"the {readers[0].op_type} after the Conv fuses with it: the site with the activation"
+
+
+def _joining_region(graph: Graph, match: Match, layout: ConvLayout, block: int) -> str | None:
+    """Why the matched Conv `y` is not to be blocked with a ReorderInput of its own: it reads a
+    blocked region's ReorderOutput and joins the region in one step (`nchwc-conv-join`), where
+    this site would put a reorder pair between them."""
+    reorder = graph.producer(match["x"])
+    if not layout.reorder_input or reorder is None or reorder.domain != NCHWC:
+        return None
+    if reorder.op_type != "ReorderOutput" or region_reason(graph, reorder, block):
+        return None
+    return "the Conv reads a blocked region's ReorderOutput: it joins the region (nchwc-conv-join)"
 
 
 def emit_blocked_conv(
@@ -121,7 +161,9 @@ def _blocked_conv(
     **attrs: object,
 ) -> Replacement:
     """ReorderOutput(nchwc.Conv(ReorderInput(x), w', b')) for the matched Conv, with `weight`
-    (OIHW) as its filter and `attrs` overriding the Conv's own."""
+    (OIHW) as its filter, the matched activation `z` fused and `attrs` overriding the Conv's own."""
+    if match.pattern_index >= len(_CONV_PATTERNS):
+        attrs = {**fused_activation(match.nodes[0]), **attrs}
     emit = Emitter(graph)
     x = graph.value(match["x"])
     source = reorder_input(emit, x, block) if layout.reorder_input else x.name
@@ -132,20 +174,30 @@ def _blocked_conv(
     )
 
 
+_CONV_PATTERNS = ("y=Conv(x, w, b?)", "y=com.microsoft.FusedConv(x, w, b?)")
+_ACTIVATED_PATTERNS = tuple(f"z={act}(y=Conv(x, w, b?))" for act in ACTIVATIONS)
+
+
 class ConvToNchwc(NchwcPatternRule):
+    """A Conv into the layout, with the activation that alone reads it fused, as onnxruntime's
+    transformer converts it. Blocked without it, the activation ran between the Conv's
+    ReorderOutput and the next Conv, where that Conv could not join the region
+    (`nchwc-conv-join`); greedy, taso and the learners all blocked SqueezeNet's Convs that way
+    and never reached its layout (docs/BENCHMARKS.md)."""
+
     name = "nchwc-conv"
     description = (
         "Conv(x, w, b) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w', b'))"
-        "  (w' blocked, b' padded; FusedConv keeps its activation)"
+        "  (w' blocked, b' padded; FusedConv keeps its activation, a Relu after the Conv fused)"
     )
     reverse_description = "ReorderOutput(nchwc.Conv(ReorderInput(x), w', b')) -> Conv(x, w, b)"
-    pattern = ("y=Conv(x, w, b?)", "y=com.microsoft.FusedConv(x, w, b?)")
+    pattern = (*_CONV_PATTERNS, *_ACTIVATED_PATTERNS)
     reverse_pattern = (
         f"{N}ReorderOutput(y={N}Conv({N}ReorderInput(x), w, b?))",
         f"{N}ReorderOutput(y={N}Conv(x, w, b?))",
     )
     target_ops = {"ReorderInput": 1, "Conv": 1, "ReorderOutput": 1}
-    settings = 4
+    settings = 5
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if len(shape(graph, match["x"])) != 4 or not float_tensor(graph, match["x"]):
@@ -154,7 +206,7 @@ class ConvToNchwc(NchwcPatternRule):
         if isinstance(layout, str):
             return layout
         if not self.reverse:
-            return None
+            return _fusing_activation(graph, match) or _joining_region(graph, match, layout, block)
         reorder, conv = match.nodes[0], match.node("y")
         weight = graph.constant(match["w"])
         group = conv.attr("group", 1)
@@ -202,14 +254,16 @@ class ConvToNchwc(NchwcPatternRule):
     def example(self, setting: int) -> onnx.ModelProto:
         block = example_block()
         half, two, odd = block // 2, 2 * block, block + 4
-        # input channels, output channels, group, kernel, stride, bias, FusedConv activation
-        cin, cout, group, k, stride, with_bias, fused = pick(
+        # input channels, output channels, group, kernel, stride, bias, FusedConv activation,
+        # the activation after the Conv
+        cin, cout, group, k, stride, with_bias, fused, after = pick(
             setting,
             [
-                (odd, odd, odd, 3, 1, True, ("LeakyRelu", [0.1])),  # depthwise FusedConv
-                (3, half, 1, 3, 1, True, None),  # NCHW read directly, outputs below a block
-                (block + half, block + half, 1, 3, 2, False, None),  # inputs padded, OIHWBiBo
-                (two, two, 2, 1, 1, True, None),  # two groups of one block each
+                (odd, odd, odd, 3, 1, True, ("LeakyRelu", [0.1]), None),  # depthwise FusedConv
+                (3, half, 1, 3, 1, True, None, None),  # NCHW read directly, outputs below a block
+                (block + half, block + half, 1, 3, 2, False, None, None),  # OIHWBiBo, padded
+                (two, two, 2, 1, 1, True, None, None),  # two groups of one block each
+                (3, block, 1, 3, 2, True, None, "HardSigmoid"),  # the activation fused
             ],
         )
         rng = np.random.default_rng(setting)
@@ -230,7 +284,8 @@ class ConvToNchwc(NchwcPatternRule):
         inputs = [x, b.const(weight)] + ([b.const(bias)] if bias is not None else [])
         if fused:
             return b.model(b.op("FusedConv", inputs, domain=MS_DOMAIN, **attrs))
-        return b.model(b.op("Conv", inputs, **attrs))
+        y = b.op("Conv", inputs, **attrs)
+        return b.model(b.op(after, [y], alpha=0.3, beta=0.4) if after else y)
 
 
 def group_merge_factor(weight_shape: tuple[int, ...], group: int, block: int) -> int | None:
@@ -276,7 +331,7 @@ class GroupedConvToNchwc(NchwcPatternRule):
         group = match.node("y").attr("group", 1)
         if group_merge_factor(weight.shape, group, block) is None:
             return f"no merge of groups gives whole blocks of {block} channels"
-        return None
+        return _fusing_activation(graph, match)
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         block = nchwc_block_size()
@@ -289,13 +344,13 @@ class GroupedConvToNchwc(NchwcPatternRule):
 
     def example(self, setting: int) -> onnx.ModelProto:
         block = example_block()
-        # input channels, per-group width, kernel, stride, FusedConv activation
-        channels, width, k, stride, fused = pick(
+        # input channels, per-group width, kernel, stride, FusedConv activation, Relu after
+        channels, width, k, stride, fused, relu = pick(
             setting,
             [
-                (2 * block, 4, 3, 1, "Relu"),  # ResNeXt's 4 channels a group, fused ReLU
-                (2 * block, block // 2, 3, 2, None),  # two groups make one block
-                (4 * block, 2, 1, 1, None),  # a pointwise grouped Conv
+                (2 * block, 4, 3, 1, "Relu", False),  # ResNeXt's 4 channels a group, fused ReLU
+                (2 * block, block // 2, 3, 2, None, False),  # two groups make one block
+                (4 * block, 2, 1, 1, None, True),  # a pointwise grouped Conv, its Relu fused
             ],
         )
         group = channels // width
@@ -306,7 +361,8 @@ class GroupedConvToNchwc(NchwcPatternRule):
         inputs = [b.input((1, channels, 6, 6)), b.const(weight), b.const((channels,))]
         if fused:
             return b.model(b.op("FusedConv", inputs, domain=MS_DOMAIN, activation=fused, **attrs))
-        return b.model(b.op("Conv", inputs, **attrs))
+        y = b.op("Conv", inputs, **attrs)
+        return b.model(b.op("Relu", [y]) if relu else y)
 
 
 _POOLS = ("MaxPool", "AveragePool")

@@ -32,9 +32,9 @@ from rlflow.graph import MS_DOMAIN, Graph
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement
 from rlflow.rewrite.rules import nchwc
-from rlflow.rewrite.rules.common import pick, shape
-from rlflow.rewrite.rules.nchwc import emit_blocked_conv, matched_layout
-from rlflow.rewrite.rules.nchwc_format import conv_layout, padded
+from rlflow.rewrite.rules.common import pick
+from rlflow.rewrite.rules.nchwc import emit_blocked_conv, matched_layout, region_reason
+from rlflow.rewrite.rules.nchwc_format import conv_layout
 from rlflow.rewrite.rules.nchwc_layout import (
     ACTIVATIONS,
     NCHWC,
@@ -44,7 +44,6 @@ from rlflow.rewrite.rules.nchwc_layout import (
     blocked_input,
     channels_first,
     example_block,
-    float_tensor,
     fused_activation,
     reorder_output_for,
 )
@@ -71,13 +70,8 @@ class ConvJoin(NchwcPatternRule):
         return super().fingerprint() + inspect.getsource(nchwc)
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        reorder = graph.producer(match.node("y").inputs[0])
-        if len(shape(graph, reorder.outputs[0])) != 4 or not float_tensor(graph, match["x"]):
-            return "nchwc Conv takes 2-D float convolutions only"
-        if not channels_first(reorder):
-            return "the ReorderOutput is to NHWC"
-        if padded(reorder.attr("channels"), block) != shape(graph, match["x"])[1]:
-            return "the ReorderOutput drops whole blocks"
+        if reason := region_reason(graph, graph.producer(match.node("y").inputs[0]), block):
+            return reason
         layout = matched_layout(graph, match, block)
         if isinstance(layout, str):
             return layout
