@@ -35,6 +35,7 @@ from rlflow.zoo import cached_path
 GROW = (
     "nchwc-activation-join",
     "nchwc-conv-join",
+    "nchwc-pool-join",
     "nchwc-concat-move",
     "nchwc-reorder-cancel",
     "nchwc-global-pool",

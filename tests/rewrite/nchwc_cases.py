@@ -46,6 +46,7 @@ EXPECTED_OPS = {
     + ["Reshape", "DepthToSpace", "Add", RI, RO],
     "nchwc-conv-join": [RI, "Relu", "Conv", RO],
     "nchwc-activation-join": [RI, "Conv", RO],
+    "nchwc-pool-join": [RI, "Relu", "MaxPool", RO],
 }
 
 NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
@@ -259,3 +260,10 @@ def _():
     b = ModelBuilder()
     conv = _blocked_conv(b, blocked_input(b, (1, B, 3, 3)), activation="Tanh")
     return b.model(b.op("Relu", [_op(b, RO, [conv], channels=B)]))
+
+
+@negative("nchwc-pool-join", "drops padded channels")
+def _():
+    b = ModelBuilder()  # B + 4 channels padded to 2B: the pool would pool the padding too
+    nchw = _op(b, RO, [blocked_input(b, (1, 2 * B, 4, 4))], channels=B + 4)
+    return b.model(b.op("MaxPool", [nchw], kernel_shape=[2, 2]))

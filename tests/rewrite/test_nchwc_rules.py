@@ -38,6 +38,7 @@ FORWARD = [
     "nchwc-conv",
     "nchwc-conv-join",
     "nchwc-pool",
+    "nchwc-pool-join",
     "nchwc-reorder-cancel",
     "nchwc-reorder-roundtrip",
     "nchwc-reorder-share",

@@ -365,7 +365,29 @@ class GroupedConvToNchwc(NchwcPatternRule):
         return b.model(b.op("Relu", [y]) if relu else y)
 
 
-_POOLS = ("MaxPool", "AveragePool")
+POOLS = ("MaxPool", "AveragePool")
+
+
+def pool_reason(graph: Graph, match: Match, block: int) -> str | None:
+    """Why the matched pool `y` of `x` cannot run blocked (None: it can)."""
+    dims = shape(graph, match["x"])
+    if len(dims) != 4 or not float_tensor(graph, match["x"]):
+        return "nchwc pools take 2-D float pooling only"
+    if dims[1] % block:
+        return f"{dims[1]} channels are not whole blocks of {block}"
+    if len([out for out in match.node("y").outputs if out]) != 1:
+        return "the MaxPool also outputs indices"
+    return None
+
+
+def pool_region_reason(graph: Graph, reorder: Node) -> str | None:
+    """Why a pool reading `reorder`'s output (a ReorderOutput) cannot pool its blocked input
+    instead and so join the region (None: it can)."""
+    if not channels_first(reorder):
+        return "the ReorderOutput is to NHWC"
+    if reorder.attr("channels") != shape(graph, reorder.inputs[0])[1]:
+        return "the ReorderOutput drops padded channels"
+    return None
 
 
 class PoolToNchwc(NchwcPatternRule):
@@ -375,24 +397,27 @@ class PoolToNchwc(NchwcPatternRule):
         "  (AveragePool alike; channels in whole blocks)"
     )
     reverse_description = "ReorderOutput(nchwc.MaxPool(ReorderInput(x))) -> MaxPool(x)"
-    pattern = tuple(f"y={op}(x)" for op in _POOLS)
-    reverse_pattern = tuple(f"{N}ReorderOutput(y={N}{op}({N}ReorderInput(x)))" for op in _POOLS)
+    pattern = tuple(f"y={op}(x)" for op in POOLS)
+    reverse_pattern = tuple(f"{N}ReorderOutput(y={N}{op}({N}ReorderInput(x)))" for op in POOLS)
     target_ops = {"ReorderInput": 1, "MaxPool": 1, "ReorderOutput": 1}
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        dims = shape(graph, match["x"])
-        if len(dims) != 4 or not float_tensor(graph, match["x"]):
-            return "nchwc pools take 2-D float pooling only"
-        if dims[1] % block:
-            return f"{dims[1]} channels are not whole blocks of {block}"
-        pool = match.node("y")
-        if len([out for out in pool.outputs if out]) != 1:
-            return "the MaxPool also outputs indices"
+        if reason := pool_reason(graph, match, block):
+            return reason
         if self.reverse:
             reorder = match.nodes[0]
-            if not channels_first(reorder) or reorder.attr("channels") != dims[1]:
+            if (
+                not channels_first(reorder)
+                or reorder.attr("channels") != shape(graph, match["x"])[1]
+            ):
                 return "the ReorderOutput drops or reorders channels"
-        return None
+            return None
+        reorder = graph.producer(match["x"])
+        if reorder is None or reorder.domain != NCHWC or reorder.op_type != "ReorderOutput":
+            return None
+        if pool_region_reason(graph, reorder):
+            return None
+        return "the pool reads a blocked region's ReorderOutput: it joins it (nchwc-pool-join)"
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
         pool = match.node("y")

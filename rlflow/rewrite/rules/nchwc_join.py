@@ -33,7 +33,14 @@ from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement
 from rlflow.rewrite.rules import nchwc
 from rlflow.rewrite.rules.common import pick
-from rlflow.rewrite.rules.nchwc import emit_blocked_conv, matched_layout, region_reason
+from rlflow.rewrite.rules.nchwc import (
+    POOLS,
+    emit_blocked_conv,
+    matched_layout,
+    pool_reason,
+    pool_region_reason,
+    region_reason,
+)
 from rlflow.rewrite.rules.nchwc_format import conv_layout
 from rlflow.rewrite.rules.nchwc_layout import (
     ACTIVATIONS,
@@ -46,6 +53,7 @@ from rlflow.rewrite.rules.nchwc_layout import (
     example_block,
     fused_activation,
     reorder_output_for,
+    typed,
 )
 
 _CONVS = ("Conv", f"{MS_DOMAIN}.FusedConv")
@@ -183,4 +191,48 @@ class ActivationJoin(NchwcPatternRule):
         return b.model(b.op(act, [nchw], **params))
 
 
-RULES = [ConvJoin(), ActivationJoin()]
+class PoolJoin(NchwcPatternRule):
+    """A pool joins the blocked region it reads, as a Conv does (`nchwc-conv-join`): onnxruntime
+    blocks SqueezeNet's MaxPools between its blocked Convs in one sweep. Through `nchwc-pool` the
+    pool was blocked with a ReorderInput of its own (a reorder pair between the regions, which
+    `nchwc-reorder-cancel` removed a step later), so a search priced the first step at a loss and
+    left the pools, and the Convs after them, in NCHW."""
+
+    name = "nchwc-pool-join"
+    description = (
+        "MaxPool(ReorderOutput(x)) -> ReorderOutput(nchwc.MaxPool(x))"
+        "  (x blocked, channels in whole blocks; AveragePool alike)"
+    )
+    pattern = tuple(f"y={op}(r={N}ReorderOutput(x))" for op in POOLS)
+    target_ops = {"MaxPool": 1, "ReorderOutput": 1}
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        return pool_reason(graph, match, block) or pool_region_reason(
+            graph, graph.producer(match["r"])
+        )
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        pool = match.node("y")
+        x, out = graph.value(match["x"]), graph.value(match.outputs[0])
+        emit = Emitter(graph)
+        blocked = typed(emit, emit.copy(pool, [x.name], domain=NCHWC), out.shape, out.dtype)
+        return emit.result(reorder_output_for(emit, blocked, out.name, out.shape[1]))
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        block = example_block()
+        op, channels, attrs = pick(
+            setting,
+            [
+                ("MaxPool", block, {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+                ("AveragePool", 2 * block, {"kernel_shape": [3, 3], "pads": [1] * 4}),
+                ("MaxPool", block, {"kernel_shape": [2, 2], "strides": [2, 2]}),
+            ],
+        )
+        b = ModelBuilder()
+        x = b.op("Relu", [blocked_input(b, (1, channels, 7, 7))])
+        nchw = b.op("ReorderOutput", [x], domain=NCHWC, channels=channels)
+        pooled = b.op(op, [nchw], **attrs)
+        return b.model(pooled, nchw) if setting == 2 else b.model(pooled)  # the reorder shared
+
+
+RULES = [ConvJoin(), ActivationJoin(), PoolJoin()]
