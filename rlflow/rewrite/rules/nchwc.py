@@ -7,6 +7,7 @@ say all of that itself, so these rules express each of the transformer's steps, 
 so that a search can choose, site by site, where the blocked layout pays:
 
 - Conv / FusedConv(x, w, b) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w', b'))   and back
+  (an activation that alone reads the Conv fused into it, as onnxruntime does)
   (w' in the blocked filter format, b' padded; no ReorderInput for a Conv with fewer input
   channels than a block, which reads NCHW directly; onnxruntime's conditions on channels and
   groups, `nchwc_format.conv_layout`)
@@ -26,7 +27,8 @@ so that a search can choose, site by site, where the blocked layout pays:
 
 and, in `nchwc_blocked`, the rules that grow and shrink blocked regions: reorder pairs
 cancelled and shared, ops moved across ReorderOutput, Add and activations fused into the
-nchwc Conv; in `nchwc_join`, a Conv (or an activation) joining the region it reads in one step.
+nchwc Conv; in `nchwc_join`, a Conv, an activation or a pool joining the region it reads in one
+step.
 Every rule refuses every site where onnxruntime does no NCHWc.
 """
 
@@ -182,13 +184,13 @@ class ConvToNchwc(NchwcPatternRule):
     """A Conv into the layout, with the activation that alone reads it fused, as onnxruntime's
     transformer converts it. Blocked without it, the activation ran between the Conv's
     ReorderOutput and the next Conv, where that Conv could not join the region
-    (`nchwc-conv-join`); greedy, taso and the learners all blocked SqueezeNet's Convs that way
-    and never reached its layout (docs/BENCHMARKS.md)."""
+    (`nchwc-conv-join`): greedy, taso and the learners all blocked SqueezeNet's Convs that way
+    and stopped short of its layout; since, PPO reaches it on some seeds (docs/BENCHMARKS.md)."""
 
     name = "nchwc-conv"
     description = (
         "Conv(x, w, b) -> ReorderOutput(nchwc.Conv(ReorderInput(x), w', b'))"
-        "  (w' blocked, b' padded; FusedConv keeps its activation, a Relu after the Conv fused)"
+        "  (w' blocked, b' padded; FusedConv keeps its activation, an activation after it fused)"
     )
     reverse_description = "ReorderOutput(nchwc.Conv(ReorderInput(x), w', b')) -> Conv(x, w, b)"
     pattern = (*_CONV_PATTERNS, *_ACTIVATED_PATTERNS)

@@ -1,7 +1,10 @@
-"""A Conv joins the blocked region it reads from, in one step, as onnxruntime's transformer does.
+"""A Conv, an activation or a pool joins the blocked region it reads, in one step, as
+onnxruntime's transformer grows a region.
 
 - Conv(ReorderOutput(x), w, b) -> ReorderOutput(nchwc.Conv(x, w', b'))      (x blocked)
 - Relu(Conv(ReorderOutput(x), w, b)) -> ReorderOutput(nchwc.Conv(x, w', b', activation=Relu))
+- Relu(ReorderOutput(nchwc.Conv(x, ...))) -> ReorderOutput(nchwc.Conv(x, ..., activation=Relu))
+- MaxPool(ReorderOutput(x)) -> ReorderOutput(nchwc.MaxPool(x))              (AveragePool alike)
 
 The same graph is three or four steps of the other rules: `nchwc-conv` (a reorder pair in,
 a ReorderOutput out), `nchwc-reorder-cancel` (the pair between the regions gone), then the
@@ -12,9 +15,11 @@ to grow a region, and the path to a whole blocked CNN was some hundred steps lon
 of a 100-step episode, and only one learner run in several found it. With these rules each Conv
 after the first joins its region in one step, so the region grows as onnxruntime grows it in one
 sweep: SqueezeNet's layout is 67 steps from the original, none losing more than 0.9% alone by
-the per-op cost (`scripts/layout_path.py`). Greedy, taso and the learners still block each Conv
-alone first, after which the join no longer applies (docs/BENCHMARKS.md). The way back is
-`nchwc-conv-unblock` then `nchwc-reorder-roundtrip`.
+the per-op cost (`scripts/layout_path.py`). `nchwc-conv` and `nchwc-pool` refuse the sites these
+rules take (theirs would put a reorder pair between the regions). Greedy and taso still stop
+short of the layout, whose remaining steps the per-op cost prices within its noise; PPO reaches
+it on some seeds (docs/BENCHMARKS.md). The way back is `nchwc-conv-unblock` then
+`nchwc-reorder-roundtrip`.
 
 A Conv that reads NCHW directly (fewer input channels than a block) is `nchwc-conv`'s: it has
 no reorder to save.
