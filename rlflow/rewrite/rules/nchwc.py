@@ -116,14 +116,20 @@ def _fusing_activation(graph: Graph, match: Match) -> str | None:
     return f"the {readers[0].op_type} after the Conv fuses with it: the site with the activation"
 
 
+def _made_by_reorder_output(graph: Graph, name: str) -> Node | None:
+    """The ReorderOutput that makes the value `name`, if one does."""
+    producer = graph.producer(name)
+    if producer is None or producer.domain != NCHWC or producer.op_type != "ReorderOutput":
+        return None
+    return producer
+
+
 def _joining_region(graph: Graph, match: Match, layout: ConvLayout, block: int) -> str | None:
     """Why the matched Conv `y` is not to be blocked with a ReorderInput of its own: it reads a
     blocked region's ReorderOutput and joins the region in one step (`nchwc-conv-join`), where
     this site would put a reorder pair between them."""
-    reorder = graph.producer(match["x"])
-    if not layout.reorder_input or reorder is None or reorder.domain != NCHWC:
-        return None
-    if reorder.op_type != "ReorderOutput" or region_reason(graph, reorder, block):
+    reorder = _made_by_reorder_output(graph, match["x"])
+    if not layout.reorder_input or reorder is None or region_reason(graph, reorder, block):
         return None
     return "the Conv reads a blocked region's ReorderOutput: it joins the region (nchwc-conv-join)"
 
@@ -414,10 +420,8 @@ class PoolToNchwc(NchwcPatternRule):
             ):
                 return "the ReorderOutput drops or reorders channels"
             return None
-        reorder = graph.producer(match["x"])
-        if reorder is None or reorder.domain != NCHWC or reorder.op_type != "ReorderOutput":
-            return None
-        if pool_region_reason(graph, reorder):
+        reorder = _made_by_reorder_output(graph, match["x"])
+        if reorder is None or pool_region_reason(graph, reorder):
             return None
         return "the pool reads a blocked region's ReorderOutput: it joins it (nchwc-pool-join)"
 

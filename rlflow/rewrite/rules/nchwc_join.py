@@ -66,7 +66,15 @@ _PLAIN_PATTERNS = tuple(f"y={op}({N}ReorderOutput(x), w, b?)" for op in _CONVS)
 _ACTIVATED_PATTERNS = tuple(f"z={act}(y=Conv({N}ReorderOutput(x), w, b?))" for act in ACTIVATIONS)
 
 
-class ConvJoin(NchwcPatternRule):
+class _JoinRule(NchwcPatternRule):
+    """A join rule: its checks and the Conv blocking are shared with `nchwc-conv` and
+    `nchwc-pool`, so the `nchwc` module's source is part of its fingerprint."""
+
+    def fingerprint(self) -> str:
+        return super().fingerprint() + inspect.getsource(nchwc)
+
+
+class ConvJoin(_JoinRule):
     """`nchwc-conv` and `nchwc-reorder-cancel` (and the activation's fusion) in one step."""
 
     name = "nchwc-conv-join"
@@ -77,10 +85,6 @@ class ConvJoin(NchwcPatternRule):
     pattern = (*_PLAIN_PATTERNS, *_ACTIVATED_PATTERNS)
     target_ops = {"Conv": 1, "ReorderOutput": 1}
     settings = 4
-
-    def fingerprint(self) -> str:
-        """Its own source and the Conv blocking it shares with `nchwc-conv` (in `nchwc`)."""
-        return super().fingerprint() + inspect.getsource(nchwc)
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if reason := region_reason(graph, graph.producer(match.node("y").inputs[0]), block):
@@ -196,7 +200,7 @@ class ActivationJoin(NchwcPatternRule):
         return b.model(b.op(act, [nchw], **params))
 
 
-class PoolJoin(NchwcPatternRule):
+class PoolJoin(_JoinRule):
     """A pool joins the blocked region it reads, as a Conv does (`nchwc-conv-join`): onnxruntime
     blocks SqueezeNet's MaxPools between its blocked Convs in one sweep. Through `nchwc-pool` the
     pool was blocked with a ReorderInput of its own (a reorder pair between the regions, which
