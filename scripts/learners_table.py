@@ -11,8 +11,14 @@ real episodes that chose its temperature when it was chosen by them, and all the
 for a controller picked among runs by `scripts/pick_controller.py`; a fine-tuned run adds the
 run it started from, `init_from`).
 
+`--share-of GROUP` adds the world model's target as a column: each group's gain as a share of
+GROUP's (log(speedup / S0) / log(GROUP's / S0), S0 the start the learners began from, given per
+model by `--start-speedup MODEL=S0`, 1.0 if not) and its real env steps as a share of GROUP's.
+
     python scripts/learners_table.py runs/l18/bench-bert runs/l18/bench-squeezenet \\
         --png docs/img/learners_medium.png [--name ppo-bert=PPO] > learners.md
+    python scripts/learners_table.py runs/l55/bench-pool --name ppo-pool-squeezenet=PPO \\
+        --share-of PPO --start-speedup squeezenet-1.1:medium=0.760
 """
 
 from __future__ import annotations
@@ -96,14 +102,35 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def markdown(rows: dict, peers: dict) -> str:
-    lines = [
+def share(mean: float, steps: int, reference: list | None, start: float) -> str:
+    """`mean`'s gain from `start` as a share of `reference`'s (a group's entries), and `steps`
+    as a share of its steps: "92% (18%)"; empty where there is no gain to share."""
+    if not reference:
+        return ""
+    gain = math.log(geomean([entry[0] for entry in reference]) / start)
+    if gain <= 0:
+        return ""
+    text = f"{100 * math.log(mean / start) / gain:.0f}%"
+    reference_steps = sum(entry[1] for entry in reference) / len(reference)
+    return f"{text} ({100 * steps / reference_steps:.0f}%)" if steps and reference_steps else text
+
+
+def markdown(
+    rows: dict, peers: dict, share_of: str | None = None, starts: dict | None = None
+) -> str:
+    header = (
         "| model | method | seeds | speedup (mean) | min - max | / peer | real env steps "
-        "(training) | end-to-end measurements (training) |",
-        "|---|---|---:|---:|---|---:|---:|---:|",
-    ]
+        "(training) | end-to-end measurements (training) |"
+    )
+    rule = "|---|---|---:|---:|---|---:|---:|---:|"
+    if share_of:
+        header += f" share of {share_of}'s gain (its steps) |"
+        rule += "---:|"
+    lines = [header, rule]
     for model in sorted(rows):
         peer, knob = peers.get(model, (None, ""))
+        reference = rows[model].get(share_of) if share_of else None
+        start = (starts or {}).get(model, 1.0)
         for group, entries in ordered(rows[model]):
             speedups = [entry[0] for entry in entries]
             mean = geomean(speedups)
@@ -111,12 +138,16 @@ def markdown(rows: dict, peers: dict) -> str:
             ratio = f"{mean / peer:.3f}" if peer else ""
             steps = sum(entry[1] for entry in entries) // len(entries)
             measured = sum(entry[2] for entry in entries) // len(entries)
-            lines.append(
+            line = (
                 f"| {model} | {group} | {len(entries)} | **{mean:.3f}x** | {spread} | {ratio} "
                 f"| {steps or ''} | {measured if steps else ''} |"
             )
+            if share_of:
+                line += f" {share(mean, steps, reference, start)} |"
+            lines.append(line)
         if peer:
-            lines.append(f"| {model} | tuning peer ({knob}) | | {peer:.3f}x | | 1.000 | | |")
+            line = f"| {model} | tuning peer ({knob}) | | {peer:.3f}x | | 1.000 | | |"
+            lines.append(line + (" |" if share_of else ""))
     return "\n".join(lines)
 
 
@@ -151,6 +182,18 @@ def group_label(text: str) -> tuple[str, str]:
     return group, label
 
 
+def model_start(text: str) -> tuple[str, float]:
+    """`--start-speedup MODEL=S0` as (MODEL, S0), S0 a positive number."""
+    model, sep, value = text.partition("=")
+    try:
+        start = float(value)
+    except ValueError:
+        start = 0.0
+    if not sep or not model or not start > 0:
+        raise argparse.ArgumentTypeError(f"expected MODEL=SPEEDUP (positive), got {text!r}")
+    return model, start
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path, help="rlflow bench report directories")
@@ -162,6 +205,20 @@ def main(argv: list[str] | None = None) -> int:
         type=group_label,
         metavar="GROUP=LABEL",
         help="show a method group (a run directory's name, e.g. ppo-resnet-18) as LABEL",
+    )
+    parser.add_argument(
+        "--share-of",
+        metavar="GROUP",
+        help="add each group's gain and real env steps as a share of GROUP's (its --name label)",
+    )
+    parser.add_argument(
+        "--start-speedup",
+        action="append",
+        default=[],
+        type=model_start,
+        metavar="MODEL=S0",
+        help="the speedup the learners started from on MODEL (e.g. squeezenet-1.1:medium=0.76; "
+        "default 1.0): gains are counted from it",
     )
     args = parser.parse_args(argv)
     names = dict(args.name)
@@ -178,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, KeyError, json.JSONDecodeError, yaml.YAMLError) as error:
         print(f"error: cannot read the reports: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
-    print(markdown(rows, peers))
+    missing = [model for model in rows if args.share_of and args.share_of not in rows[model]]
+    if missing:
+        print(f"error: no group {args.share_of!r} for {', '.join(missing)}", file=sys.stderr)
+        return 2
+    print(markdown(rows, peers, args.share_of, dict(args.start_speedup)))
     if args.png:
         plot(rows, peers, args.png)
     return 0

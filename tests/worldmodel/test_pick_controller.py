@@ -114,3 +114,25 @@ def test_learners_table_counts_only_the_newest_timings_methods():
     rows = table.rows_of(results)["m"]
     assert set(rows) == {"greedy", "random"}  # taso's cell is from an earlier timing
     assert rows["greedy"][0][0] == 1.1 and rows["random"][0][0] == 1.0
+
+
+def test_learners_table_shares_a_groups_gain_and_steps_from_the_start():
+    """The world model's target as a column: a controller's gain from the learners' start as a
+    share of PPO's (log ratios, PPO's seeds by their geometric mean) and its real env steps as a
+    share of PPO's; a search spends no real steps, so only its gain is shown."""
+    spec = importlib.util.spec_from_file_location("learners_table", SCRIPTS / "learners_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    rows = {
+        "m": {
+            "greedy": [(0.9, 0, 0, "greedy")],
+            "PPO": [(1.0, 6000, 100, "seed-0"), (0.95, 6000, 100, "seed-1")],
+            "ctrl": [(0.97, 1200, 0, "seed-6")],
+        }
+    }
+    text = table.markdown(rows, {}, "PPO", {"m": 0.8})
+    lines = {line.split("|")[2].strip(): line for line in text.splitlines()[2:]}
+    assert lines["ctrl"].endswith("| 98% (20%) |")  # log(0.97/0.8) / log(sqrt(0.95)/0.8)
+    assert lines["greedy"].endswith("| 60% |") and lines["PPO"].endswith("| 100% (100%) |")
+    assert "share of PPO's gain" in text.splitlines()[0]
+    assert "share of" not in table.markdown(rows, {})  # the column only when asked for
