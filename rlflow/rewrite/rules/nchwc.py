@@ -191,7 +191,8 @@ class ConvToNchwc(NchwcPatternRule):
     transformer converts it. Blocked without it, the activation ran between the Conv's
     ReorderOutput and the next Conv, where that Conv could not join the region
     (`nchwc-conv-join`): greedy, taso and the learners all blocked SqueezeNet's Convs that way
-    and stopped short of its layout; since, PPO reaches it on some seeds (docs/BENCHMARKS.md)."""
+    and stopped short of its layout; since, with `nchwc-pool-join`, taso reaches it
+    (docs/BENCHMARKS.md)."""
 
     name = "nchwc-conv"
     description = (

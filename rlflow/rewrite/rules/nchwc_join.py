@@ -16,10 +16,10 @@ of a 100-step episode, and only one learner run in several found it. With these 
 after the first joins its region in one step, so the region grows as onnxruntime grows it in one
 sweep: SqueezeNet's layout is 67 steps from the original, none losing more than 0.9% alone by
 the per-op cost (`scripts/layout_path.py`). `nchwc-conv` and `nchwc-pool` refuse the sites these
-rules take (theirs would put a reorder pair between the regions). Greedy and taso still stop
-short of the layout, whose remaining steps the per-op cost prices within its noise; PPO reaches
-it on some seeds (docs/BENCHMARKS.md). The way back is `nchwc-conv-unblock` then
-`nchwc-reorder-roundtrip`.
+rules take (theirs would put a reorder pair between the regions). With `nchwc-pool-join` taso
+reaches SqueezeNet's layout from the original; greedy stops short of it, its remaining steps
+priced within the per-op cost's noise (docs/BENCHMARKS.md). The way back is
+`nchwc-conv-unblock` then `nchwc-reorder-roundtrip`.
 
 A Conv that reads NCHW directly (fewer input channels than a block) is `nchwc-conv`'s: it has
 no reorder to save.
