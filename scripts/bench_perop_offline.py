@@ -19,17 +19,26 @@ provider and onnxruntime are kept, and operator times are cached in OUT.sqlite, 
 own, so that they were taken in the same session as the end-to-end times beside them
 (--fresh starts both over; --perop-cache uses another cache, e.g. the shared one).
 
+With `--graphs FILE ...` the rows are those ONNX files instead (or as well, with --models),
+e.g. a bench's result models (`OUT/models/*.onnx`): a search ranks graphs that are neither
+start state, and the error that misleads it is the one on those. Each runs at the level it
+declares; its row is named by its file as a bench names it
+(`squeezenet-1.1_medium.taso.offline.onnx`: model `squeezenet-1.1_medium`, state
+`taso.offline`; another name is the model, its state `file`).
+
 With `--table PATH` the estimate is a cost table's sum instead (`rlflow costs collect`, e.g. one
 collected on a GPU, checked here against that GPU's end-to-end latency): no operator is timed,
 and operators the table lacks are priced by its fitted roofline (counted as fallbacks).
 
     python scripts/bench_perop_offline.py --size small --out runs/perop-offline-small
+    python scripts/bench_perop_offline.py --graphs runs/bench/models/*.onnx --out runs/perop-results
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import statistics
 import sys
@@ -56,6 +65,8 @@ from rlflow.fileio import write_json_atomic, write_text_atomic
 from rlflow.graph import Graph, load_model
 from rlflow.zoo import MODEL_NAMES, cached_path
 
+BENCH_RESULT_NAME = re.compile(r"^(.+?_(?:small|medium|full))\.(.+)\.onnx$")
+"""How `rlflow bench` names a result model: the zoo model and size, then method and deploy."""
 STATES = ("original", "ort:all")
 """The start states compared: the model as written and onnxruntime's `all` graph of it."""
 
@@ -128,6 +139,18 @@ def start_graphs(name: str, size: str, settings: OrtSettings) -> dict[str, Graph
     """The zoo model's start states in `STATES`, by name, each declared to run as written."""
     original = load_model(cached_path(name, size))
     return {state: start_state(original, state, settings).graph for state in STATES}
+
+
+def file_graph(path: Path, settings: OrtSettings) -> tuple[str, str, Graph]:
+    """(model, state, graph) of an ONNX file, named as `rlflow bench` names its results
+    (MODEL_SIZE.METHOD.DEPLOY.onnx). A file that declares no settings of its own runs at the
+    offline ones."""
+    named = BENCH_RESULT_NAME.match(path.name)
+    model, state = named.groups() if named else (path.stem, "file")
+    graph = load_model(path)
+    if "ort_config" not in graph.metadata:
+        graph = start_state(graph, "original", settings).graph
+    return model, state, graph
 
 
 def measure(
@@ -257,17 +280,18 @@ def plot(rows: list[Row], meta: dict[str, object], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(row.model for row in rows))
+    states = list(dict.fromkeys(row.state for row in rows))
     by_key = {row.key: row for row in rows}
     fig, axes = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(models)), 7.0), sharex=True)
-    width = 0.8 / len(STATES)
+    width = 0.8 / len(states)
     for ax, label, error in [
         (axes[0], f"{estimate_label(meta)} sum", lambda row: row.perop_error),
         (axes[1], "analytic floor", lambda row: row.analytic_error),
     ]:
-        for index, state in enumerate(STATES):
+        for index, state in enumerate(states):
             rows_of = [by_key.get(f"{model}|{state}") for model in models]
             ax.bar(
-                [i + (index - (len(STATES) - 1) / 2) * width for i in range(len(models))],
+                [i + (index - (len(states) - 1) / 2) * width for i in range(len(models))],
                 [100 * error(row) if row else float("nan") for row in rows_of],
                 width,
                 label=state,
@@ -293,7 +317,12 @@ def plot(rows: list[Row], meta: dict[str, object], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", default="small", help="zoo size: small, medium or full")
-    parser.add_argument("--models", nargs="+", default=list(MODEL_NAMES), help="zoo models")
+    parser.add_argument(
+        "--models", nargs="+", help="zoo models (default: all of them, none with --graphs)"
+    )
+    parser.add_argument(
+        "--graphs", nargs="+", type=Path, default=[], metavar="FILE", help="ONNX files to add"
+    )
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads")
     parser.add_argument(
         "--out", help="output path without suffix (default runs/perop-offline-SIZE)"
@@ -314,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         "--provider", choices=("cpu", "cuda"), help="default: cuda where onnxruntime has it"
     )
     args = parser.parse_args(argv)
+    models = args.models if args.models is not None else [] if args.graphs else list(MODEL_NAMES)
+    missing = [str(path) for path in args.graphs if not path.is_file()]
+    if missing:
+        parser.error(f"no such ONNX file: {missing[0]}")
 
     provider = args.provider or "auto"
     base = OrtSettings(threads=args.threads, provider=provider)
@@ -337,22 +370,26 @@ def main(argv: list[str] | None = None) -> int:
     analytic = AnalyticCostModel(peaks)
     command = shlex.join(["python", *sys.argv])
     rows: list[Row] = []
+    jobs = [
+        (name, state, graph)
+        for name in models
+        for state, graph in start_graphs(name, args.size, settings).items()
+    ]
+    jobs += [file_graph(path, settings) for path in args.graphs]
     try:
-        for name in args.models:
-            graphs = start_graphs(name, args.size, settings)
-            for state, graph in graphs.items():
-                row = kept.get(f"{name}|{state}")
-                if row is None:
-                    row = measure(name, state, graph, runner, perop, analytic)
-                else:
-                    progress(f"{name} {state}: kept from {row.date}")
-                rows.append(row)
-                # Written after every row, so that a killed run resumes where it stopped.
-                entries = {done.key: asdict(done) for done in [*kept.values(), *rows]}
-                write_json_atomic(
-                    paths["json"],
-                    {"meta": meta, "command": command, "rows": list(entries.values())},
-                )
+        for name, state, graph in jobs:
+            row = kept.get(f"{name}|{state}")
+            if row is None:
+                row = measure(name, state, graph, runner, perop, analytic)
+            else:
+                progress(f"{name} {state}: kept from {row.date}")
+            rows.append(row)
+            # Written after every row, so that a killed run resumes where it stopped.
+            entries = {done.key: asdict(done) for done in [*kept.values(), *rows]}
+            write_json_atomic(
+                paths["json"],
+                {"meta": meta, "command": command, "rows": list(entries.values())},
+            )
     finally:
         perop.close()
     table = markdown(rows, meta, peaks, command)

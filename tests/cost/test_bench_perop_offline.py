@@ -69,3 +69,34 @@ def test_rows_of_other_settings_are_not_kept(bench, tmp_path):
     assert bench.kept_rows(path, meta) == {row.key: row}
     assert bench.kept_rows(path, {**meta, "threads": 2}) == {}
     assert row.perop_error == pytest.approx(0.2) and row.analytic_error == pytest.approx(-0.5)
+
+
+def test_graph_files_rows_named_as_bench_names_them(bench, tmp_path, monkeypatch):
+    """--graphs prices ONNX files (a bench's result models) in place of the zoo's start states:
+    each runs at the level it declares, or at the offline one where it declares none."""
+    import onnx
+
+    from rlflow.graph import graph_to_onnx, load_model
+    from rlflow.zoo import cached_path
+
+    monkeypatch.setattr(bench, "machine_peaks", lambda settings: PEAKS)
+    original = load_model(cached_path("resnet-18", "small"))
+    settings = bench.Deployment("offline").settings(bench.OrtSettings())
+    blocked = bench.start_state(original, "ort:all", settings).graph
+    result = tmp_path / "resnet-18_small.taso.offline.onnx"
+    onnx.save(graph_to_onnx(blocked), result)
+    plain = tmp_path / "plain.onnx"
+    onnx.save(graph_to_onnx(original), plain)  # declares nothing: runs at the offline level
+    out = tmp_path / "files"
+    argv = ["--graphs", str(result), str(plain), "--out", str(out), "--runs", "3"]
+    assert bench.main([*argv, "--min-time", "0", "--perop-runs", "2"]) == 0
+
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(row["model"], row["state"]) for row in rows] == [
+        ("resnet-18_small", "taso.offline"),
+        ("plain", "file"),
+    ]
+    assert {row["ort_level"] for row in rows} == {"disable"}
+    assert rows[0]["nodes"] == len(blocked.nodes) and rows[1]["nodes"] == len(original.nodes)
+    with pytest.raises(SystemExit):
+        bench.main(["--graphs", str(tmp_path / "missing.onnx"), "--out", str(out)])
