@@ -144,9 +144,15 @@ uniform over rules then the site a controller would take."""
 
 def load_policy(spec: str, stop_probability: float = 0.2, rule_repeat: float = 0.0) -> Policy:
     """`random` (RLFlow's random agent), `random-rule` (uniform over rules, then sites),
-    `random-rule-cheapest` (then the site a controller would take) or `agent:RUN_DIR` (a
+    `random-rule-cheapest` (then the site a controller would take), `agent:RUN_DIR` (a
     `rlflow train-ppo` run, or a `rlflow train-controller` run for World Models' iterative
-    collection). The stop probability and rule repeat are the random agents' own."""
+    collection) or `demo:RESULT.json` (a search's recorded path, then `random-rule-cheapest`;
+    `rlflow.worldmodel.demo_policy`). The stop probability and rule repeat are the random
+    agents' own."""
+    from rlflow.worldmodel.demo_policy import is_demo_spec, load_demo_policy
+
+    if is_demo_spec(spec):
+        return load_demo_policy(spec, stop_probability, rule_repeat)
     if spec in RANDOM_POLICIES:
         return RandomPolicy(
             stop_probability,
@@ -156,7 +162,8 @@ def load_policy(spec: str, stop_probability: float = 0.2, rule_repeat: float = 0
         )
     if not is_agent_spec(spec) or not spec.partition(":")[2]:
         raise RlflowError(
-            f"bad --policy {spec!r}: expected {', '.join(RANDOM_POLICIES)} or agent:RUN_DIR"
+            f"bad --policy {spec!r}: expected {', '.join(RANDOM_POLICIES)}, agent:RUN_DIR "
+            "or demo:RESULT.json"
         )
     if rule_repeat:
         raise RlflowError(RULE_REPEAT_NEEDS_RULES)
@@ -171,7 +178,7 @@ class CollectSettings:
 
     models: list[str]  # zoo names or .onnx paths; one is drawn per episode (multi-graph)
     episodes: int = 64  # episodes wanted in the directory in total (finished shards count)
-    policy: str = "random"  # random | random-rule | random-rule-cheapest | agent:RUN_DIR
+    policy: str = "random"  # random | random-rule | random-rule-cheapest | agent:RUN_DIR | demo:..
     size: str = "small"  # zoo model size: small | medium | full
     # reward cost source of the env: analytic | perop | perop-e2e | e2e | e2e-sparse | table:...;
     # None: the env's default for the deploy mode (perop offline, analytic online)

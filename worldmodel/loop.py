@@ -17,6 +17,11 @@ the three finding that layout; run end to end on three fresh seeds (2 explorer e
 `eval_real` last) it stayed near greedy, 67-80%: an explorer does not aim at that layout
 (docs/BENCHMARKS.md).
 
+With `demo` (`--demo RESULT.json`, `--demo-episodes N`), the first round also collects N
+episodes that walk a search's recorded path and explore from it (`demo:` in
+`rlflow.worldmodel.demo_policy`, in iter-0/data-demo/), part of every round's data from then
+on: "the search, then the world model", as `train-ppo --demo` is the search, then RL.
+
 LOOP_DIR/iter-K/ holds `data/` (this iteration's rollouts, a `rlflow collect` directory),
 `data-all/` (iterations 0..K merged, shards linked), `wm/` (a `train-wm` run), `controller/`
 (a `train-controller` run whose `progress.json` counts the loop's real steps up to it, as
@@ -76,6 +81,10 @@ class LoopSettings:
     """Rounds after the first collect with an explorer trained with this uncertainty charge
     (negative: a bonus for the ensemble's disagreement) in the last round's world model, at the
     controller's main tau; None: with the last round's controller itself."""
+    demo: str | None = None
+    """A search's recorded result (`rlflow optimize --json`) whose path the first round also
+    walks and explores from, `demo_episodes` times (None: random data alone)."""
+    demo_episodes: int = 4
     eval_real: str = "every"
     """Which rounds run their controllers in the real env: every (World Models' curve of real
     returns per round) | last (only the final round's: an earlier controller that collects
@@ -102,6 +111,8 @@ class LoopSettings:
             raise RlflowError(
                 f"--controller-episodes must be at least 1, got {self.controller_episodes}"
             )
+        if self.demo is not None and self.demo_episodes < 1:
+            raise RlflowError(f"--demo-episodes must be at least 1, got {self.demo_episodes}")
 
     def episodes(self, index: int, first: int) -> int:
         """Episodes round `index` collects: `first` with the random agent, then per controller."""
@@ -173,6 +184,15 @@ def run_loop(
     check_measured(controller_settings, loop.measure, "run the loop with --measure")
     first_round = replace(collect_settings, policy=loop.random_policy)
     first_round.make_policy()  # its agent's options refused before any work
+    demo_round = None
+    if loop.demo is not None:
+        demo_round = replace(
+            collect_settings,
+            models=list(models),
+            policy=f"demo:{loop.demo}",
+            episodes=loop.demo_episodes,
+        )
+        demo_round.make_policy()  # a file without a recording refused before any work
     loop_dir = Path(loop_dir)
     loop_dir.mkdir(parents=True, exist_ok=True)
     collect_identity = asdict(first_round)
@@ -188,6 +208,8 @@ def run_loop(
         identity["controller_episodes"] = loop.controller_episodes
     if loop.explore_uncertainty is not None:  # absent from loops made before the option
         identity["explore_uncertainty"] = loop.explore_uncertainty
+    if demo_round is not None:  # absent from loops made before the option
+        identity["demo"] = {"file": loop.demo, "episodes": loop.demo_episodes}
     write_run_config(loop_dir, "world_models_loop", identity, may_change=("iterations",))
     iterations: list[dict[str, Any]] = []
     for index in range(loop.iterations):
@@ -233,6 +255,14 @@ def run_loop(
             iterations[-1]["heldout_next"] = heldout_report(world, RolloutData.load(here / "data"))
             write_json_atomic(previous / ITERATION_REPORT, iterations[-1])
         sources = [iteration_dir(loop_dir, k) / "data" for k in range(index + 1)]
+        collected = dict(manifest["totals"])
+        if demo_round is not None:
+            demo_data = iteration_dir(loop_dir, 0) / "data-demo"
+            if index == 0:  # its real steps are the first round's too
+                _say(progress, f"iteration 0: {loop.demo_episodes} episodes from {loop.demo}")
+                walked = collect(demo_round, demo_data, workers=1, progress=progress)["totals"]
+                collected = {key: value + walked[key] for key, value in collected.items()}
+            sources.insert(1, demo_data)
         data_dir = merge_rollouts(sources, here / "data-all")
         wm_dir = here / "wm"
         data = training_data(data_dir, wm_dir)
@@ -274,7 +304,7 @@ def run_loop(
         entry = {
             "iteration": index,
             "policy": policy,
-            "collected": dict(manifest["totals"]),
+            "collected": collected,
             "data_episodes": data.num_episodes,
             "heldout": heldout,
             "heldout_next": None,

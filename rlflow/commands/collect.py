@@ -55,7 +55,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--policy",
         help="random (default: uniform over candidates) | random-rule (uniform over rules, then "
         "sites) | random-rule-cheapest (uniform over rules, then the site a controller would "
-        "take) | agent:RUN_DIR (a train-ppo or train-controller run)",
+        "take) | agent:RUN_DIR (a train-ppo or train-controller run) | demo:RESULT.json (a "
+        "search's recorded path, `rlflow optimize --json`, then random-rule-cheapest)",
         metavar="POLICY",
     )
     parser.add_argument("--out", required=True, metavar="DATA_DIR", help="the data directory")

@@ -106,6 +106,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="rounds after the first collect with an explorer, a controller trained with this "
         "charge (negative: a bonus where the ensemble disagrees), not the round's controller",
     )
+    parser.add_argument(
+        "--demo",
+        metavar="RESULT.json",
+        help="the first round also walks this search's recorded path (rlflow optimize --json) "
+        "and explores from it; part of every round's data",
+    )
+    parser.add_argument(
+        "--demo-episodes", type=int, default=4, metavar="N", help="episodes on --demo's path (4)"
+    )
     parser.add_argument("--seed", type=int, help="seed of every stage (0)")
     parser.add_argument(
         "--eval-real",
@@ -179,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
         random_policy=args.random_policy,
         controller_episodes=args.controller_episodes,
         explore_uncertainty=args.explore_uncertainty,
+        demo=args.demo,
+        demo_episodes=args.demo_episodes,
         eval_real=args.eval_real,
     )
     out = Path(args.out)
