@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from rlflow.agents.demos import offered_slot, read_demos
 from rlflow.errors import RlflowError
-from rlflow.rewrite.session import recorded_candidate
 from rlflow.search.replay import Recording
 from rlflow.worldmodel.collect import RandomPolicy
 
@@ -38,8 +38,6 @@ def is_demo_spec(spec: str) -> bool:
 
 def read_demo(spec: str) -> Recording:
     """The recording of `demo:RESULT.json` (one-line RlflowError for a file without one)."""
-    from rlflow.agents.demos import read_demos
-
     path = spec.removeprefix(DEMO_PREFIX)
     if not path:
         raise RlflowError(f"bad policy {spec!r}: expected demo:RESULT.json")
@@ -88,9 +86,7 @@ class DemoPolicy:
             self.steps_left = len(actions) if whole else int(rng.integers(len(actions) + 1))
             self.position, self.starting = 0, False
         if self.steps_left > 0:
-            offered = unwrapped.offered_candidates()
-            found = recorded_candidate(offered, actions[self.position])
-            slot = next((i for i, c in enumerate(offered) if c is found), None)
+            slot = offered_slot(unwrapped.offered_candidates(), actions[self.position])
             if slot is not None and observation["action_mask"][slot]:
                 self.steps_left -= 1
                 self.position += 1

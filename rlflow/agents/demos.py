@@ -137,7 +137,7 @@ def walk_demos(
         rewards: list[float] = []
         demos.recorded_steps += len(episode.actions)
         for action in episode.actions:
-            slot = _slot_of(base.offered_candidates(), action)
+            slot = offered_slot(base.offered_candidates(), action)
             if slot is None:
                 break
             _keep(demos, scorer, base, observation, slot)
@@ -172,7 +172,7 @@ def _model_index(env: Any, recorded: str) -> int | None:
     return None
 
 
-def _slot_of(offered: list[Any], action: Any) -> int | None:
+def offered_slot(offered: list[Any], action: Any) -> int | None:
     """The action slot of a recorded step among the offered candidates (None: not offered)."""
     found = recorded_candidate(offered, action)
     return next((slot for slot, c in enumerate(offered) if c is found), None)
