@@ -56,7 +56,8 @@ class DemoPolicy:
         self.episodes = 0
         self.starting = False
         """Set by `reset`: the episode's prefix is drawn at its first step."""
-        self.steps_left = 0
+        self.prefix = 0
+        """Recorded steps this episode walks (cut short where the env does not offer one)."""
         self.position = 0
         self.walked = 0
         """Recorded steps walked so far (over all episodes): what the data took from the path."""
@@ -83,16 +84,15 @@ class DemoPolicy:
         if self.starting:
             self._check_start(unwrapped)
             whole = self.episodes == 1
-            self.steps_left = len(actions) if whole else int(rng.integers(len(actions) + 1))
+            self.prefix = len(actions) if whole else int(rng.integers(len(actions) + 1))
             self.position, self.starting = 0, False
-        if self.steps_left > 0:
+        if self.position < self.prefix:
             slot = offered_slot(unwrapped.offered_candidates(), actions[self.position])
             if slot is not None and observation["action_mask"][slot]:
-                self.steps_left -= 1
                 self.position += 1
                 self.walked += 1
                 return slot
-            self.steps_left = 0  # the env does not offer the recorded step: explore from here
+            self.prefix = self.position  # the env does not offer the recorded step: explore
         return self.explorer.act(observation, deterministic=deterministic, rng=rng, env=env)
 
     def _check_start(self, env: Any) -> None:
