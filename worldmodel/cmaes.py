@@ -5,6 +5,10 @@ vector of the population is scored by its mean dream return over the same dream 
 (common random numbers, `dream_returns`), and CMA-ES moves its search distribution toward
 the better ones. Generation g draws its dreams from (seed, g, tau), so a resumed run scores
 exactly what an uninterrupted one would.
+
+With a path to imitate (`ControllerSettings.imitation`, `rlflow.worldmodel.imitation`) the
+search starts at the controller cloned from it, and the fitness adds the path's log-likelihood,
+its weight fading linearly to nothing over the generations, as DAPG's demonstration term does.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rlflow.worldmodel.controller import ControllerTrainer, LinearController, dream_returns
+from rlflow.worldmodel.imitation import agreement, cloned_params, log_likelihoods
 
 
 class CMAESTrainer(ControllerTrainer):
@@ -37,7 +42,10 @@ class CMAESTrainer(ControllerTrainer):
             "verbose": -9,
             "CMA_diagonal": size > settings.diagonal_above,
         }
-        self.es = cma.CMAEvolutionStrategy(np.zeros(size), settings.sigma0, options)
+        start = np.zeros(size)
+        if self.path is not None:  # from the controller cloned from the path
+            start = cloned_params(self.path, world.num_actions)
+        self.es = cma.CMAEvolutionStrategy(start, settings.sigma0, options)
 
     def step(self) -> dict[str, float]:
         candidates = np.asarray(self.es.ask())
@@ -49,13 +57,20 @@ class CMAESTrainer(ControllerTrainer):
             rng=self.dream_rng(),
             **self.settings.dream_options(self.world),
         )
-        self.es.tell(list(candidates), list(-fitness))  # cma minimises
-        self.done += 1
-        return {
+        scalars = {
             "dream_return_mean": fitness.mean(),
             "dream_return_best": fitness.max(),
-            "sigma": self.es.sigma,
         }
+        if self.path is not None:  # the path's log-likelihood, its weight fading to nothing
+            weight = self.settings.imitation * (1 - self.done / self.settings.generations)
+            likelihood = log_likelihoods(candidates, self.path, self.world.num_actions)
+            fitness = fitness + weight * likelihood
+            scalars["path_log_likelihood_mean"] = likelihood.mean()
+        self.es.tell(list(candidates), list(-fitness))  # cma minimises
+        self.done += 1
+        if self.path is not None:
+            scalars["path_agreement"] = agreement(self.params(), self.path, self.world.num_actions)
+        return {**scalars, "sigma": self.es.sigma}
 
     def state(self) -> dict[str, Any]:
         return {"es": self.es, "generation": self.done, "numpy_rng": np.random.get_state()}

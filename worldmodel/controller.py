@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from rlflow.agents.update import UpdateConfig
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.dream import DreamBatch
 from rlflow.worldmodel.model import WorldModel
+
+if TYPE_CHECKING:
+    from rlflow.worldmodel.imitation import PathExamples
 
 METHODS = ("cmaes", "ppo")
 SELECTIONS = ("real-return", "speedup", "temperature")
@@ -112,6 +115,13 @@ class ControllerSettings:
     The graph timed is the cheapest passed either way; the steps after it count against the
     world model's real-step budget and buy nothing unless a cheaper graph follows, which a path
     that loses for more than `eval_patience` steps before it gains never reaches."""
+    imitation: float = 0.0
+    """CMA-ES from a search's path (`rlflow.worldmodel.imitation`): the weight, per nat, of the
+    path's log-likelihood in the fitness at the first generation, fading linearly to nothing by
+    the last; the search starts at the controller cloned from the path. 0: from zero, none."""
+    imitate: str | None = None
+    """The `demo:` collection whose first walk is that path (`rlflow collect --policy
+    demo:RESULT.json`; the loop's `--demo` fills it in)."""
     seed: int = 0  # seed of CMA-ES / PPO and of the dream draws
 
     def validate(self) -> None:
@@ -140,6 +150,17 @@ class ControllerSettings:
             raise RlflowError(f"eval_patience must be at least 0, got {self.eval_patience}")
         if not math.isfinite(self.uncertainty):
             raise RlflowError(f"uncertainty must be a finite number, got {self.uncertainty}")
+        if not (math.isfinite(self.imitation) and self.imitation >= 0):
+            raise RlflowError(f"imitation must be a number >= 0, got {self.imitation}")
+        if self.imitation > 0 and self.method != "cmaes":
+            raise RlflowError(
+                "imitation is for the cmaes method (PPO from a path: rlflow train-ppo --demo)"
+            )
+        if (self.imitation > 0) != (self.imitate is not None):
+            raise RlflowError(
+                "imitation needs both a weight above 0 (--imitation W) and the path's collection "
+                "(--imitate DATA_DIR, or the loop's --demo)"
+            )
 
     def check_world(self, world: WorldModel, asked: float | None) -> None:
         """RlflowError if `--uncertainty` was `asked` for (given on the command line) of a
@@ -160,6 +181,15 @@ class ControllerSettings:
         """The `DreamBatch` / `dream_returns` arguments these settings fix, the same wherever a
         controller is trained or scored in the dream: its length and its uncertainty charge."""
         return {"max_steps": self.dream_steps(world), "penalty": self.uncertainty}
+
+    def identity(self) -> dict[str, Any]:
+        """The settings as a run's config.yaml records them; without the imitation's when it is
+        off, so that runs made before it still resume."""
+        values = asdict(self)
+        if self.imitate is None:
+            values.pop("imitate")
+            values.pop("imitation")
+        return values
 
     @property
     def budget(self) -> int:
@@ -268,8 +298,10 @@ class ControllerTrainer(ABC):
         settings: ControllerSettings,
         temperature: float,
         state: dict[str, Any] | None = None,
+        path: PathExamples | None = None,
     ) -> None:
         self.world, self.settings, self.temperature = world, settings, temperature
+        self.path = path  # the path to imitate (`settings.imitation`), None: none
         self.done = 0  # steps taken, by earlier runs too
         self.setup(state)
 

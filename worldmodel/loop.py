@@ -20,7 +20,10 @@ the three finding that layout; run end to end on three fresh seeds (2 explorer e
 With `demo` (`--demo RESULT.json`, `--demo-episodes N`), the first round also collects N
 episodes that walk a search's recorded path and explore from it (`demo:` in
 `rlflow.worldmodel.demo_policy`, in iter-0/data-demo/), part of every round's data from then
-on: "the search, then the world model", as `train-ppo --demo` is the search, then RL.
+on: "the search, then the world model", as `train-ppo --demo` is the search, then RL. With
+the controllers' `imitation` above 0 (`--imitation W`) they also start from the path, cloned
+from that first walk, and are kept near it (`rlflow.worldmodel.imitation`), as `train-ppo
+--demo --demo-coef` keeps PPO; the explorers do not.
 
 LOOP_DIR/iter-K/ holds `data/` (this iteration's rollouts, a `rlflow collect` directory),
 `data-all/` (iterations 0..K merged, shards linked), `wm/` (a `train-wm` run), `controller/`
@@ -180,6 +183,11 @@ def run_loop(
 
     loop.validate()
     wm_settings.validate()
+    if controller_settings.imitation > 0:  # the controllers imitate the demo's first walk
+        if loop.demo is None:
+            raise RlflowError("--imitation needs --demo: the search's path to imitate")
+        demo_data = iteration_dir(Path(loop_dir).resolve(), 0) / "data-demo"
+        controller_settings = replace(controller_settings, imitate=str(demo_data))
     controller_settings.validate()
     check_measured(controller_settings, loop.measure, "run the loop with --measure")
     first_round = replace(collect_settings, policy=loop.random_policy)
@@ -202,7 +210,7 @@ def run_loop(
         "models": list(models),
         "collect": collect_identity,
         "train_wm": asdict(wm_settings),
-        "train_controller": asdict(controller_settings),
+        "train_controller": controller_settings.identity(),
     }
     if loop.controller_episodes is not None:  # absent from loops made before the option
         identity["controller_episodes"] = loop.controller_episodes
@@ -283,7 +291,7 @@ def run_loop(
         write_run_config(
             controller_dir,
             "controller",
-            {"wm": str(wm_dir.resolve()), **asdict(controller_settings)},
+            {"wm": str(wm_dir.resolve()), **controller_settings.identity()},
             may_change=("generations", "ppo_iterations", "eval_dream_episodes"),
         )
         trained = train_controller(wm_dir, controller_dir, controller_settings, progress=progress)
@@ -357,6 +365,8 @@ def train_explorer(
     never run in the real env before it collects (its real steps are the next round's data)."""
     explorer = replace(
         settings,
+        imitation=0.0,  # an explorer goes where M is unsure, not where the path went
+        imitate=None,
         uncertainty=uncertainty,
         temperatures=[settings.temperature],
         select="temperature",
@@ -365,7 +375,7 @@ def train_explorer(
     out.mkdir(parents=True, exist_ok=True)
     wm_dir = (iteration / "wm").resolve()
     write_run_config(
-        out, "controller", {"wm": str(wm_dir), **asdict(explorer)}, may_change=("generations",)
+        out, "controller", {"wm": str(wm_dir), **explorer.identity()}, may_change=("generations",)
     )
     _say(progress, f"{iteration.name}: the explorer (uncertainty {uncertainty:g})")
     train_controller(wm_dir, out, explorer, progress=progress)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from rlflow.worldmodel.model import (
     save_pickle,
 )
 
+if TYPE_CHECKING:
+    from rlflow.worldmodel.imitation import PathExamples
+
 STATE_FILE = "state.pkl"
 TRAINERS: dict[str, type[ControllerTrainer]] = {"cmaes": CMAESTrainer, "ppo": DreamPPOTrainer}
 
@@ -54,6 +57,11 @@ def train_controller(
         world = WorldModel.load(wm_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         world.save_bundle(bundle)
+    path = None
+    if settings.imitate is not None:  # CMA-ES from a search's path (`imitation`)
+        from rlflow.worldmodel.imitation import path_examples
+
+        path = path_examples(world, settings.imitate)
     results: dict[str, Any] = {}
     with TensorBoard(run_dir) as board:
         for temperature in settings.temperatures:
@@ -66,13 +74,15 @@ def train_controller(
                 if done.get("trained_for", -1) != settings.budget:
                     done = None  # more training asked for: continue from state.pkl
             if done is None:
-                done = train_at(world, out, settings, temperature, board, progress)
+                done = train_at(world, out, settings, temperature, board, progress, path)
                 write_torch_atomic(checkpoint_path, done)
             results[f"{temperature:g}"] = {
                 "temperature": temperature,
                 "dream_return": float(done["dream_return"]),
                 "parameters": int(done["params"].numel()),
             }
+            if "path_agreement" in done:
+                results[f"{temperature:g}"]["path_agreement"] = float(done["path_agreement"])
     return results
 
 
@@ -83,14 +93,16 @@ def train_at(
     temperature: float,
     board: TensorBoard,
     progress: bool = True,
+    path: PathExamples | None = None,
 ) -> dict[str, Any]:
-    """Train (or resume from `out/state.pkl`) the controller at temperature tau; its
-    checkpoint, with its final dream return over `eval_dream_episodes` fresh episodes."""
+    """Train (or resume from `out/state.pkl`) the controller at temperature tau, imitating
+    `path` if given; its checkpoint, with its final dream return over `eval_dream_episodes`
+    fresh episodes."""
     from tqdm import tqdm
 
     state_path = out / STATE_FILE
     state = load_pickle(state_path, "controller state") if state_path.exists() else None
-    trainer = TRAINERS[settings.method](world, settings, temperature, state)
+    trainer = TRAINERS[settings.method](world, settings, temperature, state, path)
     tag = f"controller/tau{temperature:g}"
     bar = tqdm(
         total=settings.budget,
@@ -121,6 +133,11 @@ def train_at(
         )[0]
     )
     board.scalar(f"{tag}/final_dream_return", dream_return, 0)
+    imitated = {}
+    if path is not None:  # how much of the path the controller still walks
+        from rlflow.worldmodel.imitation import agreement
+
+        imitated["path_agreement"] = agreement(params, path, world.num_actions)
     return {
         "params": torch.as_tensor(params),
         "num_actions": world.num_actions,
@@ -130,4 +147,5 @@ def train_at(
         "method": settings.method,
         "dream_return": dream_return,
         "trained_for": settings.budget,
+        **imitated,
     }

@@ -26,6 +26,8 @@ FLAGS = [
     "select",
     "uncertainty",
     "eval_patience",
+    "imitation",
+    "imitate",
     "seed",
 ]
 
@@ -63,6 +65,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="dream reward charged per unit of the world-model ensemble's disagreement (1; "
         "negative: a bonus, for a controller that collects data where the world model is unsure)",
     )
+    parser.add_argument(
+        "--imitation",
+        type=float,
+        metavar="W",
+        help="CMA-ES from a search's path: start at the controller cloned from it and add W x "
+        "its log-likelihood to the dream return, fading to nothing (needs --imitate)",
+    )
+    parser.add_argument(
+        "--imitate",
+        metavar="DATA_DIR",
+        help="the path: a collection made with --policy demo:RESULT.json (its first walk)",
+    )
     parser.add_argument("--seed", type=int, help="seed (0)")
     parser.add_argument(
         "--eval-real", action="store_true", help="then run the controllers in the real env"
@@ -92,8 +106,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
     from rlflow.config import write_run_config
     from rlflow.errors import RlflowError
     from rlflow.fileio import write_json_atomic
@@ -115,9 +127,13 @@ def run(args: argparse.Namespace) -> int:
         raise RlflowError(f"--random-episodes must be at least 0, got {args.random_episodes}")
     world = WorldModel.load(args.wm)  # a bad --wm fails before RUN_DIR is made
     settings.check_world(world, args.uncertainty)
+    if settings.imitate is not None:  # a collection with no path refused before RUN_DIR is made
+        from rlflow.worldmodel.imitation import path_examples
+
+        path_examples(world, settings.imitate)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {"wm": str(Path(args.wm).resolve()), **asdict(settings)}
+    config = {"wm": str(Path(args.wm).resolve()), **settings.identity()}
     write_run_config(
         out,
         "controller",

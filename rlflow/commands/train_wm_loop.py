@@ -32,7 +32,15 @@ COLLECT_FLAGS = [flag for flag in collect.FLAGS if flag not in ("policy", "candi
 """collect's flags but the policy (the loop's own: random, then its controllers) and the
 candidate samples (guided search's data, not the world model's)."""
 WM_FLAGS = ["latent", "vae_epochs", "rnn_epochs", "cost_head", "ensemble", "seed"]
-CONTROLLER_FLAGS = ["method", "generations", "population", "ppo_iterations", "uncertainty", "seed"]
+CONTROLLER_FLAGS = [
+    "method",
+    "generations",
+    "population",
+    "ppo_iterations",
+    "uncertainty",
+    "imitation",
+    "seed",
+]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -114,6 +122,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--demo-episodes", type=int, default=4, metavar="N", help="episodes on --demo's path (4)"
+    )
+    parser.add_argument(
+        "--imitation",
+        type=float,
+        metavar="W",
+        help="the controllers start from --demo's path, cloned, and keep W x its log-likelihood "
+        "in their fitness, fading to nothing (CMA-ES; 0: off, default)",
     )
     parser.add_argument("--seed", type=int, help="seed of every stage (0)")
     parser.add_argument(
