@@ -11,7 +11,8 @@ PPO gets it, as DAPG (Rajeswaran et al., 2018) does for policy gradients:
    `rlflow.worldmodel.demo_policy`) turned into the controller's own inputs, x_t = [z_t, h_t]
    exactly as `ControllerPolicy` forms them in the real env (the VAE mean; the MDN-RNN state
    carried along the recorded rules), each with the dream action of its recorded rule, the
-   actions the controller could choose there, and stop after the last step. A step the
+   actions the controller could choose there, and stop after the last step (when the walk
+   took them all: the search stopped there, not where the env refused a step). A step the
    controller cannot take (its rule never active in the data, or the reverse of a rule the
    path applied, which a controller never applies in the same episode) is not an example; the
    state still moves past it.
@@ -81,7 +82,8 @@ def _examples(
     world: WorldModel, observations: list[dict[str, np.ndarray]], rules: list[int], recorded: int
 ) -> PathExamples:
     """Walk `rules` from `observations[0]` as `ControllerPolicy.act` would (its h, its mask of
-    applicable rules and of reverses blocked), then stop at the last observation."""
+    applicable rules and of reverses blocked), then stop at the last observation if the walk is
+    the whole recording."""
     stop = world.num_actions - 1
     action_of = world.action_of_rule
     names = world.rule_names
@@ -93,7 +95,10 @@ def _examples(
         hidden = state[0][0] if state is not None else torch.zeros(1, world.hidden)
         x = torch.cat([mu[t : t + 1], hidden], dim=1).numpy().astype(np.float64)[0]
         can = world.applicable_actions(observation) & ~blocked
-        action = stop if t == len(rules) else action_of.get(names[rules[t]], -1)
+        if t < len(rules):
+            action = action_of.get(names[rules[t]], -1)
+        else:
+            action = stop if len(rules) == recorded else -1
         if action >= 0 and can[action]:
             inputs.append(x)
             actions.append(action)
@@ -104,6 +109,8 @@ def _examples(
         if t == len(rules):
             break
         _, state = world.rnn(mu[t : t + 1].unsqueeze(1), torch.tensor([[rules[t]]]), state)
+    if not actions:
+        raise RlflowError("the collection's first walk holds no step of its path to imitate")
     return PathExamples(
         inputs=np.asarray(inputs),
         actions=np.asarray(actions, dtype=np.int64),

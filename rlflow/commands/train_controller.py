@@ -183,9 +183,12 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         for row in trained.values():
+            imitated = ""
+            if "path_agreement" in row:
+                imitated = f"; its argmax takes {row['path_agreement']:.0%} of the path's steps"
             print(
                 f"tau {row['temperature']:g}: dream return {row['dream_return']:.3f} "
-                f"({row['parameters']} controller parameters, {settings.method})"
+                f"({row['parameters']} controller parameters, {settings.method}{imitated})"
             )
         if report is not None:
             print(temperature_table(report))

@@ -3,6 +3,8 @@ clone CMA-ES starts from, the fading term that keeps it near, in the loop and tr
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,14 @@ def test_the_loop_starts_its_controllers_from_the_path_clone(tmp_path, capsys) -
     episode = run_episode(env, policy, seed=0, deterministic=True)
     env.close()
     assert episode["rules"][:1] == walked[:1] == taken[:1]
+
+    # train-controller on the loop's world model, from the same walk
+    capsys.readouterr()
+    argv = ["train-controller", "--wm", str(out / "iter-0" / "wm"), "--out", str(tmp_path / "c")]
+    argv += ["--config", str(tmp_path / "loop.yaml"), "--quiet", "--json"]
+    assert main([*argv, "--imitation", "1", "--imitate", str(demo_data)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(0.0 <= row["path_agreement"] <= 1.0 for row in summary["controllers"].values())
 
 
 def test_imitation_settings_and_inputs_are_refused_in_one_line(pipeline, tmp_path, capsys):
