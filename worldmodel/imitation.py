@@ -33,7 +33,7 @@ import torch
 
 from rlflow.errors import RlflowError
 from rlflow.worldmodel.controller import batched_logits, masked_argmax
-from rlflow.worldmodel.data import RolloutData
+from rlflow.worldmodel.data import RolloutData, read_manifest
 from rlflow.worldmodel.model import WorldModel
 
 
@@ -51,18 +51,29 @@ class PathExamples:
         return len(self.actions)
 
 
-def path_examples(world: WorldModel, data_dir: str | Path) -> PathExamples:
-    """The examples of the path walked first in `data_dir` (module docstring, item 1)."""
-    from rlflow.worldmodel.demo_policy import is_demo_spec, read_demo
+def demo_spec(data_dir: str | Path, world: WorldModel) -> str:
+    """The `demo:RESULT.json` policy `data_dir` was collected with, from its manifest alone (a
+    cheap check before a run starts); RlflowError for any other collection, or one made with
+    other rules than `world`'s."""
+    from rlflow.worldmodel.demo_policy import is_demo_spec
 
-    data = RolloutData.load(data_dir)
-    spec = data.manifest.get("settings", {}).get("policy")
+    manifest = read_manifest(Path(data_dir))
+    spec = manifest.get("settings", {}).get("policy")
     if not isinstance(spec, str) or not is_demo_spec(spec):
         raise RlflowError(
             f"{data_dir} was not collected with a demo:RESULT.json policy: nothing to imitate"
         )
-    if data.rule_names != world.rule_names:
+    if manifest.get("rule_names") != world.rule_names:
         raise RlflowError(f"{data_dir} was collected with other rules than the world model's")
+    return spec
+
+
+def path_examples(world: WorldModel, data_dir: str | Path) -> PathExamples:
+    """The examples of the path walked first in `data_dir` (module docstring, item 1)."""
+    from rlflow.worldmodel.demo_policy import read_demo
+
+    spec = demo_spec(data_dir, world)
+    data = RolloutData.load(data_dir)
     recorded = [action.rule for action in read_demo(spec).episode.actions]
     first_obs, first_step = int(data.obs_start[0]), int(data.step_start[0])
     names = data.rule_names

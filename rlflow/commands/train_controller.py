@@ -128,9 +128,9 @@ def run(args: argparse.Namespace) -> int:
     world = WorldModel.load(args.wm)  # a bad --wm fails before RUN_DIR is made
     settings.check_world(world, args.uncertainty)
     if settings.imitate is not None:  # a collection with no path refused before RUN_DIR is made
-        from rlflow.worldmodel.imitation import path_examples
+        from rlflow.worldmodel.imitation import demo_spec
 
-        path_examples(world, settings.imitate)
+        demo_spec(settings.imitate, world)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"wm": str(Path(args.wm).resolve()), **settings.identity()}
