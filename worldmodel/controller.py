@@ -242,6 +242,42 @@ def masked_argmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.where(mask, logits, -np.inf).argmax(axis=-1)
 
 
+class ControllerMemory:
+    """What a controller carries through one real episode: M's recurrent state h, advanced with
+    (z_t, rule) as in the dream, and the reverses of the rules it applied (a rule pair goes one
+    way per episode). `ControllerPolicy` acts with it and `rlflow.worldmodel.imitation` walks a
+    search's path with it, so the clone is fitted to the very inputs and choices the acting
+    controller will meet."""
+
+    def __init__(self, world: WorldModel) -> None:
+        self.world = world
+        self.state: tuple[Any, Any] | None = None
+        self.blocked = np.zeros(world.num_actions, dtype=bool)
+
+    def inputs(self, mu: Any) -> np.ndarray:
+        """(1, Z + H) float64: x_t = [z_t, h_t] for `mu`, the (1, Z) VAE mean of the graph."""
+        import torch
+
+        hidden = self.state[0][0] if self.state is not None else torch.zeros(1, self.world.hidden)
+        return torch.cat([mu, hidden], dim=1).numpy().astype(np.float64)
+
+    def allowed(self, valid: np.ndarray) -> np.ndarray:
+        """`valid` (A,) bool without the reverses of the rules applied this episode."""
+        return valid & ~self.blocked
+
+    def advance(self, mu: Any, rule: int, action: int = -1) -> None:
+        """Past a step that applied rule id `rule` (R for stop) at the graph of `mu`; `action`,
+        the dream action the controller chose (-1: none), blocks its reverse from now on."""
+        import torch
+
+        if action >= 0 and self.world.reverse_actions[action] >= 0:
+            self.blocked[self.world.reverse_actions[action]] = True
+        with torch.no_grad():
+            _, self.state = self.world.rnn(
+                mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self.state
+            )
+
+
 def dream_returns(
     world: WorldModel,
     params: np.ndarray,

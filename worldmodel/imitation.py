@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from rlflow.errors import RlflowError
-from rlflow.worldmodel.controller import batched_logits, masked_argmax
+from rlflow.worldmodel.controller import ControllerMemory, batched_logits, masked_argmax
 from rlflow.worldmodel.data import RolloutData, read_manifest
 from rlflow.worldmodel.model import WorldModel
 
@@ -92,34 +92,30 @@ def path_examples(world: WorldModel, data_dir: str | Path) -> PathExamples:
 def _examples(
     world: WorldModel, observations: list[dict[str, np.ndarray]], rules: list[int], recorded: int
 ) -> PathExamples:
-    """Walk `rules` from `observations[0]` as `ControllerPolicy.act` would (its h, its mask of
-    applicable rules and of reverses blocked), then stop at the last observation if the walk is
-    the whole recording."""
+    """Walk `rules` from `observations[0]` as `ControllerPolicy.act` would (the same
+    `ControllerMemory`: its h, its reverses blocked; its mask of applicable rules), then stop at
+    the last observation if the walk is the whole recording."""
     stop = world.num_actions - 1
     action_of = world.action_of_rule
     names = world.rule_names
     mu, _ = world.encode(observations)
-    state = None
-    blocked = np.zeros(world.num_actions, dtype=bool)
+    memory = ControllerMemory(world)
     inputs, actions, valid = [], [], []
     for t, observation in enumerate(observations):
-        hidden = state[0][0] if state is not None else torch.zeros(1, world.hidden)
-        x = torch.cat([mu[t : t + 1], hidden], dim=1).numpy().astype(np.float64)[0]
-        can = world.applicable_actions(observation) & ~blocked
+        x = memory.inputs(mu[t : t + 1])[0]
+        can = memory.allowed(world.applicable_actions(observation))
         if t < len(rules):
             action = action_of.get(names[rules[t]], -1)
         else:
             action = stop if len(rules) == recorded else -1
-        if action >= 0 and can[action]:
+        taken = action >= 0 and can[action]
+        if taken:
             inputs.append(x)
             actions.append(action)
             valid.append(can)
-            reverse = world.reverse_actions[action]
-            if reverse >= 0:
-                blocked[reverse] = True
         if t == len(rules):
             break
-        _, state = world.rnn(mu[t : t + 1].unsqueeze(1), torch.tensor([[rules[t]]]), state)
+        memory.advance(mu[t : t + 1], rules[t], action if taken else -1)
     if not actions:
         raise RlflowError("the collection's first walk holds no step of its path to imitate")
     return PathExamples(

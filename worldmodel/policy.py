@@ -48,6 +48,7 @@ from rlflow.worldmodel.controller import (
     CONTROLLER_CHECKPOINT,
     EVAL_REPORT,
     WORLD_BUNDLE,
+    ControllerMemory,
     LinearController,
     masked_argmax,
     tau_dir,
@@ -102,18 +103,15 @@ class ControllerPolicy:
 
         self._step_feature = GLOBAL_FEATURES.index("step_fraction")
         self._rules = RuleTranslation(world.rule_names)
-        self._state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._memory = ControllerMemory(world)  # h and the reverses of the rules applied
         self._visited: set[str] = set()
-        self._reverse = world.reverse_actions
-        self._blocked = np.zeros(world.num_actions, dtype=bool)  # reverses of rules applied
         self._steps = 0
 
     def reset(self) -> None:
         """Forget the episode's recurrent state, the graphs it visited and the rules it applied
         (done automatically at step fraction 0)."""
-        self._state = None
+        self._memory = ControllerMemory(self.world)
         self._visited = set()
-        self._blocked = np.zeros(self.world.num_actions, dtype=bool)
         self._steps = 0
 
     @property
@@ -139,9 +137,7 @@ class ControllerPolicy:
             return len(observation["action_mask"]) - 1  # stop (item 5 of the module docstring)
         world = self.world
         mu, _ = world.encode([observation])
-        hidden = self._state[0][0] if self._state is not None else torch.zeros(1, world.hidden)
-        x = torch.cat([mu, hidden], dim=1).numpy().astype(np.float64)
-        logits = self.controller.logits(x)[0]
+        logits = self.controller.logits(self._memory.inputs(mu))[0]
         valid = world.applicable_actions(observation)
         mask = np.asarray(observation["action_mask"])
         rules = np.asarray(observation["candidate_rules"])
@@ -154,19 +150,15 @@ class ControllerPolicy:
                 dtype=np.int64,
             )
             valid[:-1] &= np.isin(world.active_rules, rules[offered])
-        valid &= ~self._blocked
+        valid = self._memory.allowed(valid)
         if deterministic or rng is None:
             action = int(masked_argmax(logits, valid))
         else:
             masked = np.where(valid, logits, -np.inf)
             probs = np.exp(masked - masked.max())
             action = int(rng.choice(len(probs), p=probs / probs.sum()))
-        if self._reverse[action] >= 0:
-            self._blocked[self._reverse[action]] = True
         rule = int(world.action_rules(np.array([action]))[0])
-        _, self._state = world.rnn(
-            mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self._state
-        )
+        self._memory.advance(mu, rule, action)
         if action == world.num_actions - 1:
             return len(mask) - 1  # stop
         self._steps += 1
