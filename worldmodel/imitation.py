@@ -15,7 +15,10 @@ PPO gets it, as DAPG (Rajeswaran et al., 2018) does for policy gradients:
    took them all: the search stopped there, not where the env refused a step). A step the
    controller cannot take (its rule never active in the data, or the reverse of a rule the
    path applied, which a controller never applies in the same episode) is not an example; the
-   state still moves past it.
+   state still moves past it. Where the path applies both rules of a pair (taso on ResNeXt-50:
+   one reorder pair made, then seven cancelled), the clone learns the way it takes more often
+   (the first on a tie): a controller that copied the one step first would be barred from the
+   seven after it.
 2. `cloned_params`: the linear controller fitted to them (masked softmax cross-entropy, a little
    L2), where CMA-ES's search starts instead of zero.
 3. `log_likelihoods`: the path's log-likelihood under each candidate controller; CMA-ES adds it
@@ -98,6 +101,8 @@ def _examples(
     stop = world.num_actions - 1
     action_of = world.action_of_rule
     names = world.rule_names
+    path = [action_of.get(names[rule], -1) for rule in rules]
+    minority = _minority_directions(path, world.reverse_actions)
     mu, _ = world.encode(observations)
     memory = ControllerMemory(world)
     inputs, actions, valid = [], [], []
@@ -105,10 +110,10 @@ def _examples(
         x = memory.inputs(mu[t : t + 1])[0]
         can = memory.allowed(world.applicable_actions(observation))
         if t < len(rules):
-            action = action_of.get(names[rules[t]], -1)
+            action = path[t]
         else:
             action = stop if len(rules) == recorded else -1
-        taken = action >= 0 and can[action]
+        taken = action >= 0 and can[action] and action not in minority
         if taken:
             inputs.append(x)
             actions.append(action)
@@ -125,6 +130,21 @@ def _examples(
         recorded_steps=recorded,
         walked_steps=len(rules),
     )
+
+
+def _minority_directions(path: list[int], reverse: np.ndarray) -> set[int]:
+    """The dream actions of `path` whose reverse the path takes more often (or as often and
+    first): the direction of each rule pair that the clone leaves out."""
+    counts = {action: path.count(action) for action in set(path) if action >= 0}
+    first = {action: path.index(action) for action in counts}
+    minority = set()
+    for action, count in counts.items():
+        other = int(reverse[action])
+        if other < 0 or other not in counts:
+            continue
+        if (counts[other], -first[other]) > (count, -first[action]):
+            minority.add(action)
+    return minority
 
 
 def cloned_params(

@@ -14,7 +14,13 @@ from rlflow.errors import RlflowError
 from rlflow.worldmodel.collect import CollectSettings
 from rlflow.worldmodel.controller import ControllerSettings, LinearController
 from rlflow.worldmodel.evaluate import real_env, run_episode
-from rlflow.worldmodel.imitation import agreement, cloned_params, log_likelihoods, path_examples
+from rlflow.worldmodel.imitation import (
+    _minority_directions,
+    agreement,
+    cloned_params,
+    log_likelihoods,
+    path_examples,
+)
 from rlflow.worldmodel.model import WorldModel, load_checkpoint
 from rlflow.worldmodel.policy import ControllerPolicy
 from tests.worldmodel.test_demo_policy import MODEL, record_walk
@@ -91,3 +97,12 @@ def test_imitation_settings_and_inputs_are_refused_in_one_line(pipeline, tmp_pat
     loop, _ = tiny_loop(tmp_path, "--iterations", "1", "--episodes", "2")
     assert main([*loop, "--imitation", "1"]) == 2
     assert "--imitation needs --demo" in capsys.readouterr().err
+
+
+def test_a_rule_pair_taken_both_ways_is_cloned_the_way_the_path_takes_more_often() -> None:
+    # actions 0/1 and 3/4 are reverse pairs, 2 has none; a controller goes one way per pair and
+    # episode, so the clone drops the direction the path takes less often (on a tie, the later)
+    reverse = np.array([1, 0, -1, 4, 3, -1])
+    assert _minority_directions([1, 0, 0, 2, 0, 1], reverse) == {1}
+    assert _minority_directions([3, 4, 2], reverse) == {4}
+    assert _minority_directions([2, 0, 0, -1], reverse) == set()
