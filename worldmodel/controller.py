@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from rlflow.agents.update import UpdateConfig
 from rlflow.errors import RlflowError
@@ -251,13 +252,11 @@ class ControllerMemory:
 
     def __init__(self, world: WorldModel) -> None:
         self.world = world
-        self.state: tuple[Any, Any] | None = None
+        self.state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.blocked = np.zeros(world.num_actions, dtype=bool)
 
-    def inputs(self, mu: Any) -> np.ndarray:
+    def inputs(self, mu: torch.Tensor) -> np.ndarray:
         """(1, Z + H) float64: x_t = [z_t, h_t] for `mu`, the (1, Z) VAE mean of the graph."""
-        import torch
-
         hidden = self.state[0][0] if self.state is not None else torch.zeros(1, self.world.hidden)
         return torch.cat([mu, hidden], dim=1).numpy().astype(np.float64)
 
@@ -265,17 +264,15 @@ class ControllerMemory:
         """`valid` (A,) bool without the reverses of the rules applied this episode."""
         return valid & ~self.blocked
 
-    def advance(self, mu: Any, rule: int, action: int = -1) -> None:
+    @torch.no_grad()
+    def advance(self, mu: torch.Tensor, rule: int, action: int = -1) -> None:
         """Past a step that applied rule id `rule` (R for stop) at the graph of `mu`; `action`,
         the dream action the controller chose (-1: none), blocks its reverse from now on."""
-        import torch
-
         if action >= 0 and self.world.reverse_actions[action] >= 0:
             self.blocked[self.world.reverse_actions[action]] = True
-        with torch.no_grad():
-            _, self.state = self.world.rnn(
-                mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self.state
-            )
+        _, self.state = self.world.rnn(
+            mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self.state
+        )
 
 
 def dream_returns(
