@@ -253,6 +253,7 @@ class ControllerMemory:
     def __init__(self, world: WorldModel) -> None:
         self.world = world
         self.state: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.reverse = world.reverse_actions  # a property that loops over the rules: once
         self.blocked = np.zeros(world.num_actions, dtype=bool)
 
     def inputs(self, mu: torch.Tensor) -> np.ndarray:
@@ -268,8 +269,8 @@ class ControllerMemory:
     def advance(self, mu: torch.Tensor, rule: int, action: int = -1) -> None:
         """Past a step that applied rule id `rule` (R for stop) at the graph of `mu`; `action`,
         the dream action the controller chose (-1: none), blocks its reverse from now on."""
-        if action >= 0 and self.world.reverse_actions[action] >= 0:
-            self.blocked[self.world.reverse_actions[action]] = True
+        if action >= 0 and self.reverse[action] >= 0:
+            self.blocked[self.reverse[action]] = True
         _, self.state = self.world.rnn(
             mu.unsqueeze(1), torch.tensor([[rule]], dtype=torch.long), self.state
         )
