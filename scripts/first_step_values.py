@@ -35,10 +35,13 @@ def first_step_values(model: str, size: str, start: str, max_candidates: int, fl
         start=start,
         max_candidates=max_candidates,
     )
-    env.reset(seed=0)
-    offered = env.offered_candidates()
-    faster = [float(-100.0 * change) for change in env.candidate_cost_changes(range(len(offered)))]
-    env.close()
+    try:
+        env.reset(seed=0)
+        offered = env.offered_candidates()
+        changes = env.candidate_cost_changes(range(len(offered)))
+    finally:
+        env.close()
+    faster = [float(-100.0 * change) for change in changes]
     by_rule: dict[str, list[float]] = defaultdict(list)
     for candidate, pct in zip(offered, faster):
         by_rule[candidate.rule.name].append(pct)
@@ -58,8 +61,8 @@ def first_step_values(model: str, size: str, start: str, max_candidates: int, fl
         "model": f"{model}:{size}",
         "start": start,
         "offered": len(offered),
-        "gains": sum(pct > flat for pct in faster),
-        "losses": sum(pct < -flat for pct in faster),
+        "gains": sum(row["gains"] for row in rules),
+        "losses": sum(row["losses"] for row in rules),
         "random_step_pct": statistics.mean(faster) if faster else 0.0,
         "rules": rules,
     }
