@@ -206,6 +206,32 @@ def _fingerprint(options: dict[str, Any]) -> dict[str, Any]:
     return {"version": RESULTS_VERSION, **{key: options[key] for key in keys}, **on}
 
 
+def bench_machine(provider: str) -> dict[str, Any]:
+    """Where a bench's cells were measured: the CPU (or GPU), its NCHWc block and onnxruntime's
+    version. onnxruntime's `all` graph, a start state, depends on them (ResNeXt-50's differed
+    between two of our machines by four grouped Convs left unblocked) and so does every timing,
+    so a results.json made elsewhere is not resumed."""
+    import onnxruntime as ort
+
+    from rlflow.cost import nchwc_block_size
+    from rlflow.cost.device import cpu_model, gpu_facts
+
+    here = {"cpu": cpu_model(), "nchwc_block": nchwc_block_size(), "onnxruntime": ort.__version__}
+    if provider != "cpu":
+        here["device"] = gpu_facts()["device"]
+    return here
+
+
+def describe_machine(machine: dict[str, Any]) -> str:
+    """One line for a bench_machine() dict."""
+    words = [machine.get("device") or machine.get("cpu") or "unknown CPU"]
+    if machine.get("device"):
+        words.append(f"beside {machine.get('cpu')}")
+    words.append(f"NCHWc block {machine.get('nchwc_block') or 'none'}")
+    words.append(f"onnxruntime {machine.get('onnxruntime')}")
+    return ", ".join(words)
+
+
 def command_line(options: dict[str, Any], out: str | os.PathLike) -> str:
     """The `rlflow bench` command that reproduces these options."""
     methods = [str(method) for method in options["methods"]]
@@ -287,6 +313,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         state = {}
+    here = bench_machine(options.get("provider", "cpu"))
+    if state and state.get("machine", here) != here:  # results made before the key: kept
+        print(
+            f"rlflow bench: {results_path} was measured on another machine "
+            f"({describe_machine(state['machine'])}; here {describe_machine(here)}); "
+            "starting over",
+            file=sys.stderr,
+        )
+        state = {}
     state = state or {
         "settings": _fingerprint(options),
         "cells": {},
@@ -295,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
         "peers": {},
     }
     state["command"] = command_line(options, out)
+    state["machine"] = here
     load_before = os.getloadavg()
 
     models, methods, modes = options["models"], options["methods"], options["deploys"]
@@ -531,8 +567,6 @@ def write_report(
     wall_s: float,
 ) -> list[Path]:
     """report.md and its plots; returns [report path, plot paths...]."""
-    import onnxruntime as ort
-
     from rlflow.fileio import write_text_atomic
     from rlflow.report import (
         EfficiencyPanel,
@@ -602,7 +636,8 @@ def write_report(
     preamble = [
         f"`{state['command']}`",
         "",
-        f"{time.strftime('%Y-%m-%d %H:%M')}; onnxruntime {ort.__version__}, provider {provider}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}; {describe_machine(state['machine'])}, "
+        f"provider {provider}, "
         f"{options['threads']} intra-op thread(s); {os.cpu_count()} CPUs, 1-min load average "
         f"{load_before[0]:.2f} at the start"
         + (f", {min(loads):.2f}-{max(loads):.2f} during the comparisons" if loads else "")

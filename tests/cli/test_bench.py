@@ -189,3 +189,29 @@ def test_a_cell_replays_in_another_bench_and_is_redone_when_its_record_changes(t
     assert (
         json.loads((out / "results.json").read_text())["cells"][key]["wall_s"] != replayed["wall_s"]
     )
+
+
+def test_results_from_another_machine_are_not_resumed(tmp_path, capsys):
+    """results.json records the machine (CPU, NCHWc block, onnxruntime): onnxruntime's `all`
+    graph and every timing depend on it, so a bench moved to another machine starts over, while
+    a rerun on this one resumes."""
+    from rlflow.commands.bench import bench_machine
+
+    out = tmp_path / "report"
+    args = ("--models", "squeezenet-1.1", "--methods", "greedy", "--no-peer")
+    bench(capsys, out, *args)
+    results = json.loads((out / "results.json").read_text())
+    assert results["machine"] == bench_machine("cpu")
+    assert (
+        f"NCHWc block {results['machine']['nchwc_block'] or 'none'}"
+        in (out / "report.md").read_text()
+    )
+    key = "squeezenet-1.1:small|greedy|offline"
+    elsewhere = {**results, "machine": {**results["machine"], "cpu": "another CPU"}}
+    (out / "results.json").write_text(json.dumps(elsewhere))
+    assert main(["bench", *args, *QUICK, "--out", str(out), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "measured on another machine (another CPU" in err and "starting over" in err
+    redone = json.loads((out / "results.json").read_text())
+    assert redone["machine"] == bench_machine("cpu")
+    assert redone["cells"][key]["wall_s"] != results["cells"][key]["wall_s"]
