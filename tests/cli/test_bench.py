@@ -193,8 +193,8 @@ def test_a_cell_replays_in_another_bench_and_is_redone_when_its_record_changes(t
 
 def test_results_from_another_machine_are_not_resumed(tmp_path, capsys):
     """results.json records the machine (CPU, NCHWc block, onnxruntime): onnxruntime's `all`
-    graph and every timing depend on it, so a bench moved to another machine starts over, while
-    a rerun on this one resumes."""
+    graph and every timing depend on it, so a bench moved to another machine starts over (a
+    rerun on the same machine resumes: the first test)."""
     from rlflow.commands.bench import bench_machine
 
     out = tmp_path / "report"
