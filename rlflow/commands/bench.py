@@ -207,26 +207,22 @@ def _fingerprint(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def bench_machine(provider: str) -> dict[str, Any]:
-    """Where a bench's cells were measured: the CPU (or GPU), its NCHWc block and onnxruntime's
-    version. onnxruntime's `all` graph, a start state, depends on them (ResNeXt-50's differed
-    between two of our machines by four grouped Convs left unblocked) and so does every timing,
-    so a results.json made elsewhere is not resumed."""
-    import onnxruntime as ort
-
+    """Where a bench's cells were measured: the device (the CPU, or the GPU beside it), the NCHWc
+    block and onnxruntime's version. onnxruntime's `all` graph, a start state, depends on them
+    (ResNeXt-50's differed between two of our machines by four grouped Convs left unblocked) and
+    so does every timing, so a results.json made elsewhere is not resumed."""
     from rlflow.cost import nchwc_block_size
-    from rlflow.cost.device import cpu_model, gpu_facts
+    from rlflow.cost.device import device_info
 
-    here = {"cpu": cpu_model(), "nchwc_block": nchwc_block_size(), "onnxruntime": ort.__version__}
-    if provider != "cpu":
-        here["device"] = gpu_facts()["device"]
-    return here
+    info = device_info(provider)
+    keys = ("device", "cpu", "onnxruntime")
+    return {**{key: info[key] for key in keys}, "nchwc_block": nchwc_block_size()}
 
 
 def describe_machine(machine: dict[str, Any]) -> str:
     """One line for a bench_machine() dict."""
-    words = [machine.get("device") or machine.get("cpu") or "unknown CPU"]
-    if machine.get("device"):
-        words.append(f"beside {machine.get('cpu')}")
+    device, cpu = machine.get("device"), machine.get("cpu")
+    words = [device or cpu or "unknown CPU"] + ([f"beside {cpu}"] if device != cpu else [])
     words.append(f"NCHWc block {machine.get('nchwc_block') or 'none'}")
     words.append(f"onnxruntime {machine.get('onnxruntime')}")
     return ", ".join(words)

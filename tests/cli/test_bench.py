@@ -207,7 +207,8 @@ def test_results_from_another_machine_are_not_resumed(tmp_path, capsys):
         in (out / "report.md").read_text()
     )
     key = "squeezenet-1.1:small|greedy|offline"
-    elsewhere = {**results, "machine": {**results["machine"], "cpu": "another CPU"}}
+    another = {"cpu": "another CPU", "device": "another CPU"}
+    elsewhere = {**results, "machine": {**results["machine"], **another}}
     (out / "results.json").write_text(json.dumps(elsewhere))
     assert main(["bench", *args, *QUICK, "--out", str(out), "--json"]) == 0
     err = capsys.readouterr().err
