@@ -222,7 +222,9 @@ def bench_machine(provider: str) -> dict[str, Any]:
 def describe_machine(machine: dict[str, Any]) -> str:
     """One line for a bench_machine() dict."""
     device, cpu = machine.get("device"), machine.get("cpu")
-    words = [device or cpu or "unknown CPU"] + ([f"beside {cpu}"] if device != cpu else [])
+    words = [device or cpu or "unknown CPU"]
+    if device and device != cpu:
+        words.append(f"beside {cpu}")
     words.append(f"NCHWc block {machine.get('nchwc_block') or 'none'}")
     words.append(f"onnxruntime {machine.get('onnxruntime')}")
     return ", ".join(words)
