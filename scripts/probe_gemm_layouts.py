@@ -2,16 +2,22 @@
 """Does onnxruntime run a transformer's projection faster in another layout? Y = X W + b.
 
 At full size the transformers' time is their projections' Gemms (`bench_headroom.py`), which
-run at 71-87% of this core's peak inside the graph. The rules can write a projection three
+run at 71-87% of this core's peak inside the graph. The rules can write a projection several
 ways; if one ran faster, a rule between them would be worth the search. Each shape (M rows of
 activations, K inputs, N outputs: the zoo's full-size projections by default) as:
 
 - `matmul+add`: MatMul on the 3-D activations, then Add (as exported; the reference);
 - `gemm`: Gemm with the bias between two Reshapes (onnxruntime's MatMulAddFusion);
 - `transposed`: Y^T = W^T X^T, the weights as Gemm's left operand and the activations
-  transposed in Gemm (`transB`), the bias as a column, then a Transpose back.
+  transposed in Gemm (`transB`), the bias as a column, then a Transpose back;
+- `nchwc-w` / `nchwc-h`: a 1x1 Conv in onnxruntime's blocked layout (MLAS's NCHWc pointwise
+  kernel, which runs the CNNs' Convs near the core's peak): the rows read as the pixels of a
+  1 x M (`-w`) or M x 1 (`-h`) channels-last image by `ReorderInput(channels_last=1)`, and
+  written back by `ReorderOutput(channels_last=1)`; only Reshapes around it, no Transpose
+  (`nchwc-h` is what the rule `nchwc-projection` writes). Left out where onnxruntime does no
+  NCHWc, or K is not a multiple of 4 (ReorderInput's unit).
 
-All three are checked to compute the same Y (`check_equivalence`, as every rewrite is), then
+All of them are checked to compute the same Y (`check_equivalence`, as every rewrite is), then
 timed interleaved in one run as written (`Runner.compare`, optimiser off, 1 thread); a speedup
 above 1 is faster than `matmul+add`.
 
@@ -34,6 +40,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlflow.cost import OrtSettings, Runner
 from rlflow.cost.equivalence import check_equivalence
+from rlflow.cost.target import nchwc_block_size
+from rlflow.graph import NCHWC_DOMAIN as NCHWC
+from rlflow.rewrite.rules.nchwc_format import pad_channels, reorder_filter
 
 ZOO_FULL_PROJECTIONS = {
     "bert": ["64x1024x1024", "64x1024x4096", "64x4096x1024"],
@@ -41,7 +50,14 @@ ZOO_FULL_PROJECTIONS = {
     "mini-dalle": ["16x768x768", "16x768x4096", "16x2048x768", "16x768x16384"],
     "transformer-transducer": ["80x512x512", "80x512x2048", "80x2048x512"],
 }
-VARIANTS = ("matmul+add", "gemm", "transposed")
+VARIANTS = ("matmul+add", "gemm", "transposed", "nchwc-w", "nchwc-h")
+
+
+def variants(k: int) -> tuple[str, ...]:
+    """The layouts this machine runs for a projection of k inputs."""
+    if nchwc_block_size() is None or k % 4:
+        return VARIANTS[:3]
+    return VARIANTS
 
 
 def projection(variant: str, m: int, k: int, n: int, rng: np.random.Generator) -> onnx.ModelProto:
@@ -74,6 +90,23 @@ def projection(variant: str, m: int, k: int, n: int, rng: np.random.Generator) -
             "flat": flat,
             "back": back,
         }
+    elif variant in ("nchwc-w", "nchwc-h"):
+        block = nchwc_block_size()
+        image = [1, 1, m, k] if variant == "nchwc-w" else [1, m, 1, k]
+        nodes = [
+            node("Reshape", ["x", "image"], ["x4"]),
+            node("ReorderInput", ["x4"], ["xb"], domain=NCHWC, channels_last=1),
+            node("Conv", ["xb", "wb", "bb"], ["yb"], domain=NCHWC, kernel_shape=[1, 1]),
+            node("ReorderOutput", ["yb"], ["y4"], domain=NCHWC, channels=n, channels_last=1),
+            node("Reshape", ["y4", "back"], ["y"]),
+        ]
+        filters = weights.T.reshape(n, k, 1, 1)
+        constants = {
+            "wb": reorder_filter(filters, block, per_output=False),
+            "bb": pad_channels(bias, block),
+            "image": np.array(image, np.int64),
+            "back": back,
+        }
     else:
         raise ValueError(variant)
     graph = helper.make_graph(
@@ -83,7 +116,8 @@ def projection(variant: str, m: int, k: int, n: int, rng: np.random.Generator) -
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, n])],
         [numpy_helper.from_array(array, name) for name, array in constants.items()],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(NCHWC, 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     return model
 
@@ -115,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(OrtSettings(threads=1, ort_level="disable").resolved())
     rows = []
     for m, k, n in shapes:
-        models = [projection(variant, m, k, n, np.random.default_rng(0)) for variant in VARIANTS]
+        layouts = variants(k)
+        models = [projection(variant, m, k, n, np.random.default_rng(0)) for variant in layouts]
         if not all(check_equivalence(models[0], model).equivalent for model in models[1:]):
             print(f"probe_gemm_layouts: {m}x{k}x{n}: the layouts disagree", file=sys.stderr)
             return 1
@@ -124,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             {
                 "shape": f"{m}x{k}x{n}",
-                "speedups": dict(zip(VARIANTS, comparison.speedups, strict=True)),
+                "speedups": dict(zip(layouts, comparison.speedups, strict=True)),
                 "gflops": {
                     variant: flops / (measurement.low_ms * 1e-3) / 1e9
-                    for variant, measurement in zip(VARIANTS, comparison.measurements, strict=True)
+                    for variant, measurement in zip(layouts, comparison.measurements, strict=True)
                 },
                 "load": os.getloadavg()[0],
                 "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -137,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             row = rows[-1]
             cells = "  ".join(
                 f"{variant} {row['speedups'][variant]:.3f}x ({row['gflops'][variant]:.0f} GF/s)"
-                for variant in VARIANTS
+                for variant in row["speedups"]
             )
             print(f"{row['shape']:>14s}  {cells}  load {row['load']:.2f}", flush=True)
     if args.json:

@@ -28,7 +28,7 @@ so that a search can choose, site by site, where the blocked layout pays:
 and, in `nchwc_blocked`, the rules that grow and shrink blocked regions: reorder pairs
 cancelled and shared, ops moved across ReorderOutput, Add and activations fused into the
 nchwc Conv; in `nchwc_join`, a Conv, an activation or a pool joining the region it reads in one
-step.
+step; in `nchwc_projection`, a transformer's projection (Gemm, MatMul) run as a blocked 1x1 Conv.
 Every rule refuses every site where onnxruntime does no NCHWc.
 """
 
