@@ -47,6 +47,8 @@ EXPECTED_OPS = {
     "nchwc-conv-join": [RI, "Relu", "Conv", RO],
     "nchwc-activation-join": [RI, "Conv", RO],
     "nchwc-pool-join": [RI, "Relu", "MaxPool", RO],
+    "nchwc-projection": ["Reshape", RI, "Conv", RO, "Reshape"],
+    "nchwc-projection-reverse": ["Gemm"],
 }
 
 NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
@@ -267,3 +269,17 @@ def _():
     b = ModelBuilder()  # B + 4 channels padded to 2B: the pool would pool the padding too
     nchw = _op(b, RO, [blocked_input(b, (1, 2 * B, 4, 4))], channels=B + 4)
     return b.model(b.op("MaxPool", [nchw], kernel_shape=[2, 2]))
+
+
+@negative("nchwc-projection", "not in fours")
+def _():
+    b = ModelBuilder()
+    return b.model(b.op("Gemm", [b.input((3, 6)), b.const((6, 8))]))
+
+
+@negative("nchwc-projection-reverse", "channels-last in and out")
+def _():
+    b = ModelBuilder()  # the rows blocked as an NCHW image: not what the rule writes
+    image = b.op("Reshape", [b.input((5, B)), b.const([1, B, 5, 1], np.int64)])
+    conv = _blocked_conv(b, _op(b, RI, [image]))
+    return b.model(b.op("Reshape", [_op(b, RO, [conv], channels=B), b.const([5, B], np.int64)]))

@@ -31,7 +31,7 @@ from rlflow.cost import nchwc_block_size
 from rlflow.graph import Graph
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, Replacement, both_ways
-from rlflow.rewrite.rules.common import pick, shape
+from rlflow.rewrite.rules.common import pick, shape, shape_const
 from rlflow.rewrite.rules.nchwc_format import pad_channels, padded, reorder_filter, restore_filter
 from rlflow.rewrite.rules.nchwc_layout import (
     NCHWC,
@@ -114,10 +114,6 @@ def _reverse_reason(graph: Graph, match: Match, block: int) -> str | None:
     return None
 
 
-def _image_shape(emit: Emitter, dims: list[int]) -> str:
-    return emit.const(np.array(dims, dtype=np.int64), "shape")
-
-
 class ProjectionToNchwc(NchwcPatternRule):
     """A projection with a constant weight into the blocked layout as a 1x1 Conv, its rows
     the pixels of a channels-last image (module docstring: why it can pay)."""
@@ -136,6 +132,10 @@ class ProjectionToNchwc(NchwcPatternRule):
     target_ops = {"Reshape": 2, "ReorderInput": 1, "Conv": 1, "ReorderOutput": 1}
     settings = 4
 
+    def __init__(self, reverse: bool = False) -> None:
+        super().__init__(reverse)
+        self.portable = reverse  # the reverse writes standard operators only
+
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
         if self.reverse:
             return _reverse_reason(graph, match, block)
@@ -150,7 +150,7 @@ class ProjectionToNchwc(NchwcPatternRule):
         (k, n), dims = weight.shape, shape(graph, match["x"])
         m = math.prod(dims[:-1])
         bias = _bias(graph, match, n)
-        image = emit.op("Reshape", [match["x"], _image_shape(emit, [1, m, 1, k])])
+        image = emit.op("Reshape", [match["x"], shape_const(emit, [1, m, 1, k])])
         blocked = emit.op("ReorderInput", [image], domain=NCHWC, channels_last=1)
         dtype = graph.value(match["x"]).dtype
         typed(emit, blocked, (1, padded(k, block), m, 1), dtype)
@@ -163,7 +163,7 @@ class ProjectionToNchwc(NchwcPatternRule):
         rows = emit.op("ReorderOutput", [product], domain=NCHWC, channels=n, channels_last=1)
         typed(emit, rows, (1, m, 1, n), dtype)
         out = shape(graph, match.outputs[0])
-        return emit.result(emit.op("Reshape", [rows, _image_shape(emit, list(out))]))
+        return emit.result(emit.op("Reshape", [rows, shape_const(emit, list(out))]))
 
     def example(self, setting: int) -> onnx.ModelProto:
         block = example_block()
@@ -220,7 +220,7 @@ def _unblocked(emit: Emitter, graph: Graph, match: Match, block: int) -> str:
         if bias is not None:
             product = emit.op("Add", [product, inputs[2]])
     if (*rows[:-1], n) != out:
-        product = emit.op("Reshape", [product, _image_shape(emit, list(out))])
+        product = emit.op("Reshape", [product, shape_const(emit, list(out))])
     return product
 
 
