@@ -30,6 +30,11 @@ def shape(graph: Graph, name: str) -> tuple[int, ...]:
     return graph.value(name).shape
 
 
+def shape_const(emit: Emitter, dims: Sequence[int]) -> str:
+    """A new int64 constant holding `dims`: a Reshape's target shape, a Slice's bounds."""
+    return emit.const(np.array(list(dims), dtype=np.int64), "shape")
+
+
 def opset(graph: Graph) -> int:
     return onnx_opset(graph.opset)
 

@@ -35,7 +35,15 @@ from rlflow.graph import Graph, Node
 from rlflow.graph.domains import MS_DOMAIN as MS
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement, both_ways
-from rlflow.rewrite.rules.common import FLOAT_TYPES, only_reader, pick, rank, scalar, shape
+from rlflow.rewrite.rules.common import (
+    FLOAT_TYPES,
+    only_reader,
+    pick,
+    rank,
+    scalar,
+    shape,
+    shape_const,
+)
 
 
 class MatMulAddToGemm(PatternRule):
@@ -168,9 +176,9 @@ class MatMulAddToReshapedGemm(PatternRule):
         a = match["a"]
         *lead, k = shape(graph, a)
         n = shape(graph, match["b"])[1]
-        rows = emit.op("Reshape", [a, _shape_const(emit, [math.prod(lead), k])])
+        rows = emit.op("Reshape", [a, shape_const(emit, [math.prod(lead), k])])
         product = emit.op("Gemm", [rows, match["b"], match["c"]])
-        return emit.result(emit.op("Reshape", [product, _shape_const(emit, [*lead, n])]))
+        return emit.result(emit.op("Reshape", [product, shape_const(emit, [*lead, n])]))
 
     def _unfused(self, emit: Emitter, graph: Graph, match: Match) -> Replacement:
         x, weight = match["x"], match["b"]
@@ -181,14 +189,14 @@ class MatMulAddToReshapedGemm(PatternRule):
             lead = dims[:-1]
         else:
             lead = out[:-1] if out[-1:] == (n,) and math.prod(out[:-1]) == m else (m,)
-            x = emit.op("Reshape", [x, _shape_const(emit, [*lead, k])])
+            x = emit.op("Reshape", [x, shape_const(emit, [*lead, k])])
         if match.node("g").attr("transB", 0):
             weight = _transposed(emit, graph, weight)
         product = emit.op("MatMul", [x, weight])
         if match["c"]:
             product = emit.op("Add", [product, match["c"]])
         if (*lead, n) != out:
-            product = emit.op("Reshape", [product, _shape_const(emit, list(out))])
+            product = emit.op("Reshape", [product, shape_const(emit, list(out))])
         return emit.result(product)
 
     def example(self, setting: int) -> onnx.ModelProto:
@@ -210,11 +218,6 @@ class MatMulAddToReshapedGemm(PatternRule):
         dims, n = pick(setting, [((1, 4, 6), 5), ((2, 3, 4, 8), 3), ((7,), 4)])
         product = b.op("MatMul", [b.input(dims), b.const((dims[-1], n))])
         return b.model(b.op("Add", [b.const((n,)), product]))
-
-
-def _shape_const(emit: Emitter, dims: list[int]) -> str:
-    """A Reshape's target shape."""
-    return emit.const(np.array(dims, dtype=np.int64), "shape")
 
 
 class MatMulScaleToFusedMatMul(PatternRule):

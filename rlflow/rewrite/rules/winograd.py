@@ -44,7 +44,7 @@ import onnx
 from rlflow.graph import MS_DOMAIN, Graph, Value
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rule import Emitter, Match, PatternRule, Replacement
-from rlflow.rewrite.rules.common import opset, pick, shape
+from rlflow.rewrite.rules.common import opset, pick, shape, shape_const
 from rlflow.rewrite.rules.nchwc_format import ConvLayout
 from rlflow.rewrite.rules.nchwc_layout import (
     NCHWC,
@@ -86,10 +86,6 @@ def filter_transform(weight: np.ndarray) -> np.ndarray:
     """[16, Co, C]: G w G^T of every filter, per transform element (row-major)."""
     transformed = np.einsum("ik,ockl,jl->ijoc", _G, weight.astype(np.float64), _G)
     return transformed.reshape(16, *weight.shape[:2]).astype(np.float32)
-
-
-def _ints(emit: Emitter, values: list[int]) -> str:
-    return emit.const(np.array(values, np.int64), "shape")
 
 
 def out_size(x: tuple[int, ...], pads: list[int]) -> tuple[int, int]:
@@ -141,30 +137,35 @@ def emit_winograd(
     top, left = pads[:2]
     # Padded to whole tiles: 2 * tiles + 2 rows and columns (never less than the Conv's own).
     bottom, right = 2 * rows + 2 - dims[2] - top, 2 * cols + 2 - dims[3] - left
-    padded = emit.op("Pad", [x, _ints(emit, [0, 0, top, left, 0, 0, bottom, right])])
+    padded = emit.op("Pad", [x, shape_const(emit, [0, 0, top, left, 0, 0, bottom, right])])
     blocks = emit.op("SpaceToDepth", [padded], blocksize=2)  # [1, 4C, rows+1, cols+1]
     axes = [2, 3]
     shifted = [
         emit.op(
             "Slice",
-            [blocks, _ints(emit, [a, b]), _ints(emit, [a + rows, b + cols]), _ints(emit, axes)],
+            [
+                blocks,
+                shape_const(emit, [a, b]),
+                shape_const(emit, [a + rows, b + cols]),
+                shape_const(emit, axes),
+            ],
         )
         for a in (0, 1)
         for b in (0, 1)
     ]
     tiles = emit.op("Concat", shifted, axis=0)  # [4, 4C, rows, cols]: (a, b, i, j, c)
-    flat = emit.op("Reshape", [tiles, _ints(emit, [16, -1])])
+    flat = emit.op("Reshape", [tiles, shape_const(emit, [16, -1])])
     transformed = emit.op("MatMul", [emit.const(input_transform(), "winograd_b"), flat])
-    per_element = emit.op("Reshape", [transformed, _ints(emit, [16, channels, rows * cols])])
+    per_element = emit.op("Reshape", [transformed, shape_const(emit, [16, channels, rows * cols])])
     filters = emit.const(filter_transform(weight), "winograd_u")
     products = emit.op("MatMul", [filters, per_element])  # [16, Co, tiles]
-    products = emit.op("Reshape", [products, _ints(emit, [16, -1])])
+    products = emit.op("Reshape", [products, shape_const(emit, [16, -1])])
     outputs = emit.op("MatMul", [emit.const(output_transform(), "winograd_a"), products])
-    outputs = emit.op("Reshape", [outputs, _ints(emit, [1, 4 * out_channels, rows, cols])])
+    outputs = emit.op("Reshape", [outputs, shape_const(emit, [1, 4 * out_channels, rows, cols])])
     y = emit.op("DepthToSpace", [outputs], blocksize=2, mode="DCR")
     if (2 * rows, 2 * cols) != (height, width):
-        ends = _ints(emit, [height, width])
-        y = emit.op("Slice", [y, _ints(emit, [0, 0]), ends, _ints(emit, axes)])
+        ends = shape_const(emit, [height, width])
+        y = emit.op("Slice", [y, shape_const(emit, [0, 0]), ends, shape_const(emit, axes)])
     if bias is not None:
         y = emit.op("Add", [y, emit.const(bias.reshape(1, out_channels, 1, 1), "bias")])
     return y
