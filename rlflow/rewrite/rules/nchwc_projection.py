@@ -210,7 +210,7 @@ def _unblocked(emit: Emitter, graph: Graph, match: Match, block: int) -> str:
     n, k = match.node("o").attr("channels"), rows[-1]
     weight = restore_filter(graph.constant(match["w"]), block, False, n, k)[:, :, 0, 0].T
     inputs = [x, emit.const(np.ascontiguousarray(weight), "weight")]
-    bias = graph.constant(match["c"]) if match.bindings.get("c") else None
+    bias = graph.constant(match["c"]) if match["c"] else None  # bound, maybe "", in the reverse
     if bias is not None:
         inputs.append(emit.const(bias[:n], "bias"))
     if len(rows) == 2:
