@@ -49,6 +49,8 @@ EXPECTED_OPS = {
     "nchwc-pool-join": [RI, "Relu", "MaxPool", RO],
     "nchwc-projection": ["Reshape", RI, "Conv", RO, "Reshape"],
     "nchwc-projection-reverse": ["Gemm"],
+    "nchwc-projection-join": [RI, "Gelu", "Conv", RO],
+    "nchwc-projection-join-reverse": [RI, RO, "Gelu", RI, "Conv", RO],
 }
 
 NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
@@ -283,3 +285,20 @@ def _():
     image = b.op("Reshape", [b.input((5, B)), b.const([1, B, 5, 1], np.int64)])
     conv = _blocked_conv(b, _op(b, RI, [image]))
     return b.model(b.op("Reshape", [_op(b, RO, [conv], channels=B), b.const([5, B], np.int64)]))
+
+
+@negative("nchwc-projection-join", "not whole blocks")
+def _():
+    b = ModelBuilder()  # B + 4 channels between: the Gelu would compute on padded channels
+    rows = _op(b, RI, [b.input((1, 5, 1, B + 4))], channels_last=1)
+    rows = _op(b, RO, [rows], channels=B + 4, channels_last=1)
+    again = _op(b, RI, [b.op("Gelu", [rows], domain="com.microsoft")], channels_last=1)
+    return b.model(_op(b, RO, [again], channels=B + 4, channels_last=1))
+
+
+@negative("nchwc-projection-join-reverse", "not the rows of a projection")
+def _():
+    b = ModelBuilder()  # a CNN's blocked activation (an image 4 x 4): left to the CNN rules
+    return b.model(
+        _op(b, RO, [_blocked_conv(b, b.op("Relu", [blocked_input(b, (1, B, 4, 4))]))], channels=B)
+    )

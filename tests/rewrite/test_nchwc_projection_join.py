@@ -1,0 +1,114 @@
+"""The ops between two blocked projections run blocked: both directions verified, every
+feed-forward of a zoo transformer's graph joined once its projections are blocked (Gelu, Relu
+and a GEGLU's Split and Mul), the result computing what onnxruntime's graph does, the reverse
+taking every join back, and the refusals that keep padded channels out of the ops between."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from rlflow.cost import OrtSettings, check_equivalence, nchwc_block_size
+from rlflow.cost.ort_optimizer import start_state
+from rlflow.graph import NCHWC_DOMAIN, load_model
+from rlflow.rewrite.build import ModelBuilder
+from rlflow.rewrite.rules.nchwc_blocked import ConvActivationFusion
+from rlflow.rewrite.rules.nchwc_projection import ProjectionToNchwc
+from rlflow.rewrite.rules.nchwc_projection_join import ProjectionJoin
+from rlflow.rewrite.verify import verify_rule
+from rlflow.zoo import cached_path
+
+JOIN, SPLIT = ProjectionJoin(), ProjectionJoin(reverse=True)
+pytestmark = pytest.mark.skipif(nchwc_block_size() is None, reason="onnxruntime does no NCHWc")
+
+
+@pytest.mark.parametrize("rule", [JOIN, SPLIT], ids=lambda rule: rule.name)
+def test_both_directions_pass_verification(rule):
+    result = verify_rule(rule)
+    assert result.passed, result.reason
+
+
+def _reorders(graph) -> int:
+    return sum(node.domain == NCHWC_DOMAIN and "Reorder" in node.op_type for node in graph.nodes)
+
+
+@pytest.mark.parametrize(
+    ("model", "between"),
+    [("bert", "Gelu"), ("transformer-transducer", "Relu"), ("mini-dalle", "Split")],
+)
+def test_every_feed_forward_runs_blocked_and_comes_back(model, between):
+    graph = start_state(load_model(cached_path(model, "small")), "ort:all", OrtSettings()).graph
+    blocked, _ = ProjectionToNchwc().apply_everywhere(graph)
+    layers = sum(node.op_type == between for node in blocked.nodes)
+    assert layers
+
+    joined, count = JOIN.apply_everywhere(blocked)
+    assert count == layers  # one feed-forward per layer, its activation (or Split) between
+    assert _reorders(joined) == _reorders(blocked) - 2 * count
+    readers = [joined.consumers(n.outputs[0]) for n in joined.nodes if n.op_type == between]
+    assert all(r.domain == NCHWC_DOMAIN for group in readers for r in group if r.op_type != "Mul")
+    assert check_equivalence(graph, joined).equivalent
+
+    back, returned = SPLIT.apply_everywhere(joined)
+    assert returned == count
+    assert _reorders(back) == _reorders(blocked)
+    assert check_equivalence(graph, back).equivalent
+
+
+def test_a_relu_between_is_then_fused_into_the_up_projection():
+    original = load_model(cached_path("transformer-transducer", "small"))
+    graph = start_state(original, "ort:all", OrtSettings()).graph
+    joined, count = JOIN.apply_everywhere(ProjectionToNchwc().apply_everywhere(graph)[0])
+    fused, fusions = ConvActivationFusion().apply_everywhere(joined)
+    assert fusions == count
+    assert not any(node.op_type == "Relu" for node in fused.nodes)
+    convs = Counter(n.attr("activation") for n in fused.nodes if n.domain == NCHWC_DOMAIN)
+    assert convs["Relu"] == count
+    assert check_equivalence(graph, fused).equivalent
+
+
+def _rows_between(split: list[int], channels: int, residual: bool = False, regroup=False):
+    """Blocked rows out to rows, split (if `split`), a Gelu, and blocked again; with
+    `residual` the Gelu's result is also read as rows, by a Relu; with `regroup` the Gelu
+    runs on the rows regrouped as twice as many rows of half the channels."""
+    b = ModelBuilder()
+    x = b.op("ReorderInput", [b.input((1, 6, 1, channels))], domain=NCHWC_DOMAIN, channels_last=1)
+    x = b.op("ReorderOutput", [x], domain=NCHWC_DOMAIN, channels=channels, channels_last=1)
+    if split:
+        x = b.op("Split", [x, b.const(split, np.int64)], outputs=len(split), axis=3)[0]
+    if regroup:
+        x = b.op("Reshape", [x, b.const([1, 12, channels // 2], np.int64)])
+    y = b.op("Gelu", [x], domain="com.microsoft")
+    if regroup:
+        y = b.op("Reshape", [y, b.const([1, 6, 1, channels], np.int64)])
+    again = b.op("ReorderInput", [y], domain=NCHWC_DOMAIN, channels_last=1)
+    out = b.op(
+        "ReorderOutput",
+        [again],
+        domain=NCHWC_DOMAIN,
+        channels=split[0] if split else channels,
+        channels_last=1,
+    )
+    return load_model(b.model(out, b.op("Relu", [y])) if residual else b.model(out))
+
+
+def _reasons(graph):
+    anchors = [n for n in graph.nodes if n.op_type == "ReorderInput" and n.attr("channels_last")]
+    return [JOIN.reason(graph, match) for match in JOIN.matches(graph, anchors[-1])]
+
+
+def test_the_ops_between_need_whole_blocks_of_whole_rows_and_no_reader_outside():
+    block = nchwc_block_size()
+    assert _reasons(_rows_between([], 2 * block)) == [None]
+    assert _reasons(_rows_between([], 2 * block + 8)) == [
+        "the channels between are not whole blocks (the ReorderInput pads them)"
+    ]
+    assert _reasons(_rows_between([block, 4, block - 4], 2 * block))[0].endswith(
+        "is not 6 rows of whole blocks of channels"  # a Split's other parts
+    )
+    assert _reasons(_rows_between([], 4 * block, regroup=True))[0].endswith(
+        "is not 6 rows of whole blocks of channels"
+    )
+    assert "read outside the pattern" in _reasons(_rows_between([], 2 * block, True))[0]
