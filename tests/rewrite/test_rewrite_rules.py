@@ -33,6 +33,7 @@ EXPECTED_OPS = {
     "split-concat-elim": ["Neg", "Relu"],
     "split-unary-hoist": ["Neg", "Relu", "Split", "Concat"],
     "constant-fold": ["Relu", "Add"],
+    "common-subexpression-elim": ["Reshape", "Relu", "Sigmoid"],
     "matmul-transpose-weight-fold": ["MatMul"],
     "matmul-add-to-gemm": ["Gemm"],
     "matmul-add-to-gemm-reverse": ["MatMul", "Add"],
@@ -185,6 +186,14 @@ def _():
 def _():
     b = ModelBuilder()
     return b.model(b.op("Transpose", [b.const((70, 80))]), b.op("Relu", [b.input((2,))]))
+
+
+@negative("common-subexpression-elim", None)
+def _():
+    b = ModelBuilder()  # two Reshapes of one input to different shapes: not twins
+    x = b.input((4, 6))
+    twins = [b.op("Reshape", [x, b.const(s, np.int64)]) for s in ([2, 12], [12, 2])]
+    return b.model(b.op("Relu", [twins[0]]), b.op("Sigmoid", [twins[1]]))
 
 
 @negative("matmul-transpose-weight-fold", "not a constant")

@@ -12,6 +12,7 @@
 - Relu(Split(x)[0]), Relu(Split(x)[1]), ... -> Split(Relu(x))   (any one elementwise unary op,
   the same on every part: after merging sibling convs, this lets Concat(Split) cancel)
 - Op(c1, c2, ...) -> c                                (all inputs constant; result <= 4M values)
+- Op(x, ...), Op(x, ...) -> one Op(x, ...)            (the same op, attributes and inputs)
 - MatMul(x, Transpose(w)) -> MatMul(x, w')            (w constant, w' = transpose(w))
 """
 
@@ -346,10 +347,7 @@ class ConstantFold(Rule):
             return
         if anchor.op_type in NONDETERMINISTIC_OPS or not all(map(graph.is_constant, inputs)):
             return
-        if any(
-            p.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-            for p in anchor.attrs.values()
-        ):
+        if _has_subgraph(anchor):
             return
         outputs = tuple(name for name in anchor.outputs if name)
         yield Match((anchor,), {}, outputs)
@@ -384,6 +382,137 @@ class ConstantFold(Rule):
         x = b.input(dims[:-1] + (dims[-1],))
         weight = b.op("Transpose", [b.const(dims[::-1])])  # too big for load-time folding
         return b.model(b.op("Add", [x, b.op("Relu", [weight])]))
+
+
+class CommonSubexpressionElim(Rule):
+    """A node computing what an earlier one computes becomes that node: the same op and
+    attributes on the same inputs (a constant input the same values under any name), and so
+    on down its readers that then compute what the earlier one's readers do.
+
+    onnxruntime's `CommonSubexpressionElimination` does this at load, but a model that runs as
+    written never meets it, and per-site rewrites leave such twins where one tensor has several
+    readers: each blocked projection reshapes and reorders its own copy of the input that the
+    query, key and value projections share. The chain goes in one step, so that a twin that
+    costs nothing alone (a Reshape) takes the one that costs (the reorder after it) along.
+    Anchored at the later twin, which goes.
+    """
+
+    name = "common-subexpression-elim"
+    description = "Op(x, ...), Op(x, ...) -> Op(x, ...)  (the same op, attributes and inputs)"
+    anchor_ops = None
+    source_ops = {"*": 2}
+    target_ops = {"*": 1}
+
+    def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
+        computed = [name for name in anchor.present_inputs if not graph.is_constant(name)]
+        if not computed or not _deterministic(anchor):
+            return
+        readers = graph.consumers(computed[0])
+        for earlier in readers[: next(i for i, r in enumerate(readers) if r is anchor)]:
+            if _same_computation(graph, earlier, anchor, {}):
+                twins = _twin_chain(graph, anchor, earlier)
+                outputs = tuple(name for node in twins for name in node.outputs if name)
+                yield Match(tuple(twins), {}, outputs, keep=tuple(twins.values()))
+                return
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        twin_of = _output_twins(dict(zip(match.nodes, match.keep, strict=True)))
+        return Emitter(graph).result(*[twin_of[name] for name in match.outputs])
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        """Two readers of one input, each through its own twin: Reshapes whose shapes are equal
+        constants under two names (0), Convs of one weight (1), Splits into two parts (2)."""
+        b = ModelBuilder()
+        if setting == 0:
+            x = b.input((4, 6))
+            twins = [b.op("Reshape", [x, b.const([2, 12], np.int64)]) for _ in "ab"]
+        elif setting == 1:
+            x, weight = b.input((1, 3, 5, 5)), b.const((4, 3, 3, 3))
+            twins = [b.op("Conv", [x, weight], pads=[1, 1, 1, 1]) for _ in "ab"]
+        else:
+            x, sizes = b.input((2, 6)), b.const([2, 4], np.int64)
+            twins = [b.op("Split", [x, sizes], outputs=2, axis=1)[1] for _ in "ab"]
+        return b.model(b.op("Relu", [twins[0]]), b.op("Sigmoid", [twins[1]]))
+
+
+def _has_subgraph(node: Node) -> bool:
+    return any(
+        p.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+        for p in node.attrs.values()
+    )
+
+
+def _deterministic(node: Node) -> bool:
+    return node.op_type not in NONDETERMINISTIC_OPS and not _has_subgraph(node)
+
+
+def _output_twins(twins: dict[Node, Node]) -> dict[str, str]:
+    """Each later twin's output, mapped to the earlier twin's output it equals."""
+    return {
+        ours: theirs
+        for later, earlier in twins.items()
+        for ours, theirs in zip(later.outputs, earlier.outputs, strict=True)
+        if ours
+    }
+
+
+def _twin_chain(graph: Graph, later: Node, earlier: Node) -> dict[Node, Node]:
+    """`later` and every node below it that computes what a node below `earlier` does, once
+    the twins above are one: later node -> its earlier twin, in graph order."""
+    twins = {later: earlier}
+    frontier = [later]
+    while frontier:
+        node = frontier.pop()
+        same = _output_twins(twins)
+        for name in (n for n in node.outputs if n):
+            for reader in graph.consumers(name):
+                if reader in twins or not _deterministic(reader):
+                    continue
+                partner = graph.consumers(same[name])
+                found = next(
+                    (
+                        e
+                        for e in partner
+                        if e is not reader
+                        and e not in twins
+                        and _same_computation(graph, e, reader, same)
+                    ),
+                    None,
+                )
+                if found is not None:
+                    twins[reader] = found
+                    frontier.append(reader)
+    position = {id(node): index for index, node in enumerate(graph.nodes)}
+    return dict(sorted(twins.items(), key=lambda pair: position[id(pair[0])]))
+
+
+def _same_computation(graph: Graph, one: Node, other: Node, same: dict[str, str]) -> bool:
+    """Whether two nodes compute the same outputs: op, attributes and inputs alike (constants
+    by value; `other`'s inputs through `same`, the values already known to be twins), and
+    every output `other` has, `one` has too."""
+    if (one.op_type, one.domain, len(one.inputs)) != (
+        other.op_type,
+        other.domain,
+        len(other.inputs),
+    ):
+        return False
+    if len(one.outputs) != len(other.outputs) or any(
+        theirs and not ours for ours, theirs in zip(one.outputs, other.outputs, strict=True)
+    ):
+        return False
+    if {k: v.SerializeToString() for k, v in one.attrs.items()} != {
+        k: v.SerializeToString() for k, v in other.attrs.items()
+    }:
+        return False
+    for ours, theirs in zip(one.inputs, other.inputs, strict=True):
+        if ours == same.get(theirs, theirs):
+            continue
+        a, b = graph.constant(ours), graph.constant(theirs)
+        if a is None or b is None or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if not np.array_equal(a, b):
+            return False
+    return True
 
 
 class MatMulTransposeWeightFold(PatternRule):
@@ -424,5 +553,6 @@ RULES = [
     SplitConcatElim(),
     SplitUnaryHoist(),
     ConstantFold(),
+    CommonSubexpressionElim(),
     MatMulTransposeWeightFold(),
 ]
