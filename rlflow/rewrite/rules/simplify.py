@@ -394,7 +394,9 @@ class CommonSubexpressionElim(Rule):
     readers: each blocked projection reshapes and reorders its own copy of the input that the
     query, key and value projections share. The chain goes in one step, so that a twin that
     costs nothing alone (a Reshape) takes the one that costs (the reorder after it) along.
-    Anchored at the later twin, which goes.
+    Anchored at the later twin, which goes. The result hashes as the graph it came from (the
+    hash is of what the outputs compute), so a search never offers it as a step of its own:
+    every graph a search hands back goes through `merge_twins` instead.
     """
 
     name = "common-subexpression-elim"
@@ -433,6 +435,12 @@ class CommonSubexpressionElim(Rule):
             x, sizes = b.input((2, 6)), b.const([2, 4], np.int64)
             twins = [b.op("Split", [x, sizes], outputs=2, axis=1)[1] for _ in "ab"]
         return b.model(b.op("Relu", [twins[0]]), b.op("Sigmoid", [twins[1]]))
+
+
+def merge_twins(graph: Graph) -> tuple[Graph, int]:
+    """`graph` with every twin merged into the earlier node it repeats, and how many steps
+    of `common-subexpression-elim` that took (0: `graph` itself, unchanged)."""
+    return CommonSubexpressionElim().apply_everywhere(graph)
 
 
 def _has_subgraph(node: Node) -> bool:
