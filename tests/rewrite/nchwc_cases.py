@@ -51,6 +51,7 @@ EXPECTED_OPS = {
     "nchwc-projection-reverse": ["Gemm"],
     "nchwc-projection-join": [RI, "Gelu", "Conv", RO],
     "nchwc-projection-join-reverse": [RI, RO, "Gelu", RI, "Conv", RO],
+    "nchwc-projection-bias": [RI, "Conv", RO, "Reshape"],
 }
 
 NEGATIVE: dict[str, tuple[Callable[[], onnx.ModelProto], str | None]] = {}
@@ -302,3 +303,14 @@ def _():
     return b.model(
         _op(b, RO, [_blocked_conv(b, b.op("Relu", [blocked_input(b, (1, B, 4, 4))]))], channels=B)
     )
+
+
+@negative("nchwc-projection-bias", "an activation")
+def _():
+    b = ModelBuilder()  # the Conv applies a Relu before the Add: the bias cannot go inside it
+    rows = _op(b, RI, [b.input((1, 5, 1, B))], channels_last=1)
+    conv = _blocked_conv(b, rows, activation="Relu")
+    rows = b.op(
+        "Reshape", [_op(b, RO, [conv], channels=B, channels_last=1), b.const([1, 5, B], np.int64)]
+    )
+    return b.model(b.op("Add", [rows, b.const((B,))]))

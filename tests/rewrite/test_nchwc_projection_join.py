@@ -1,7 +1,9 @@
 """The ops between two blocked projections run blocked: both directions verified, every
 feed-forward of a zoo transformer's graph joined once its projections are blocked (Gelu, Relu
 and a GEGLU's Split and Mul), the result computing what onnxruntime's graph does, the reverse
-taking every join back, and the refusals that keep padded channels out of the ops between."""
+taking every join back, the refusals that keep padded channels out of the ops between, and a
+projection's bias left between (its MatMul blocked alone) folded into the Conv so that the
+ops between can join."""
 
 from __future__ import annotations
 
@@ -15,16 +17,18 @@ from rlflow.cost.ort_optimizer import start_state
 from rlflow.graph import NCHWC_DOMAIN, load_model
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rules.nchwc_blocked import ConvActivationFusion
+from rlflow.rewrite.rules.nchwc_format import ConvLayout
+from rlflow.rewrite.rules.nchwc_layout import blocked_conv
 from rlflow.rewrite.rules.nchwc_projection import ProjectionToNchwc
-from rlflow.rewrite.rules.nchwc_projection_join import ProjectionJoin
+from rlflow.rewrite.rules.nchwc_projection_join import ProjectionBias, ProjectionJoin
 from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
 
-JOIN, SPLIT = ProjectionJoin(), ProjectionJoin(reverse=True)
+JOIN, SPLIT, BIAS = ProjectionJoin(), ProjectionJoin(reverse=True), ProjectionBias()
 pytestmark = pytest.mark.skipif(nchwc_block_size() is None, reason="onnxruntime does no NCHWc")
 
 
-@pytest.mark.parametrize("rule", [JOIN, SPLIT], ids=lambda rule: rule.name)
+@pytest.mark.parametrize("rule", [JOIN, SPLIT, BIAS], ids=lambda rule: rule.name)
 def test_both_directions_pass_verification(rule):
     result = verify_rule(rule)
     assert result.passed, result.reason
@@ -112,3 +116,40 @@ def test_the_ops_between_need_whole_blocks_of_whole_rows_and_no_reader_outside()
         "is not 6 rows of whole blocks of channels"
     )
     assert "read outside the pattern" in _reasons(_rows_between([], 2 * block, True))[0]
+
+
+def test_a_bias_between_goes_into_the_up_projection_and_then_the_ops_between_join():
+    """The up-projection blocked without its bias Add (as greedy leaves BERT's): the Add's
+    vector has no blocked form, so the join refuses until the bias is in the Conv."""
+    block = nchwc_block_size()
+    rng = np.random.default_rng(0)
+    layout = ConvLayout(per_output=False, reorder_input=True)
+    b = ModelBuilder()
+    x = b.op("ReorderInput", [b.input((1, 6, 1, block))], domain=NCHWC_DOMAIN, channels_last=1)
+    up = blocked_conv(
+        b, x, rng.standard_normal((2 * block, block, 1, 1)).astype(np.float32), layout
+    )
+    rows = b.op("ReorderOutput", [up], domain=NCHWC_DOMAIN, channels=2 * block, channels_last=1)
+    rows = b.op("Reshape", [rows, b.const([1, 6, 2 * block], np.int64)])
+    y = b.op("Gelu", [b.op("Add", [rows, b.const((2 * block,))])], domain="com.microsoft")
+    y = b.op("Reshape", [y, b.const([1, 6, 1, 2 * block], np.int64)])
+    y = b.op("ReorderInput", [y], domain=NCHWC_DOMAIN, channels_last=1)
+    down = blocked_conv(
+        b, y, rng.standard_normal((block, 2 * block, 1, 1)).astype(np.float32), layout
+    )
+    graph = load_model(
+        b.model(b.op("ReorderOutput", [down], domain=NCHWC_DOMAIN, channels=block, channels_last=1))
+    )
+
+    assert _reasons(graph) == ["a binary op's constant is not a scalar"]
+    folded, fused = BIAS.apply_everywhere(graph)
+    joined, joins = JOIN.apply_everywhere(folded)
+    assert (fused, joins) == (1, 1)
+    assert [node.op_type for node in joined.nodes] == [
+        "ReorderInput",
+        "Conv",
+        "Gelu",
+        "Conv",
+        "ReorderOutput",
+    ]
+    assert check_equivalence(graph, joined).equivalent

@@ -2,6 +2,8 @@
 
 - ReorderInput(f(Reshape(ReorderOutput(y, channels_last)))) -> f(y)        and back
   (f: element-wise ops, Reshapes that keep each row, Splits of the channels at whole blocks)
+- Add(Reshape(ReorderOutput(Conv(x, w, b?), channels_last)), c) -> Reshape(ReorderOutput(
+  Conv(x, w, b + c)))                                                     (c per channel)
 
 With projections as blocked 1x1 Convs (`nchwc_projection`), a transformer's feed-forward runs
 up-projection, ReorderOutput, activation, ReorderInput, down-projection: its widest tensor (4x
@@ -14,6 +16,9 @@ the Reshapes between only regroup rows. So the ops between run blocked and both 
 into it by `nchwc-conv-activation-fusion`.
 
 Every channel count between must be whole blocks, so that no padded channel is computed on.
+A per-channel constant between (a projection's bias, where the search blocked the MatMul
+without its Add) has no blocked form short of a copy per row; it goes into the blocked
+Conv's bias first (`nchwc-projection-bias`), and the ops between can then join.
 The reverse takes such ops between blocked producers and blocked readers out to the rows
 (channels-last) layout; it is offered on images one pixel wide, the projections' m x 1, so
 that the CNNs' blocked activations do not gain sites that only a projection's graph needs.
@@ -280,6 +285,90 @@ def _to_rows(emit: Emitter, graph: Graph, match: Match) -> str:
     return typed(emit, result, shape(graph, match["y"]), dtype)
 
 
+class ProjectionBias(NchwcRule, Rule):
+    """A per-channel constant added to a blocked projection's rows becomes part of its Conv's
+    bias. Anchored at the Add."""
+
+    name = "nchwc-projection-bias"
+    description = (
+        "Add(Reshape(ReorderOutput(Conv(x, w, b?), channels_last)), c)"
+        " -> Reshape(ReorderOutput(Conv(x, w, b + c)))  (c per channel)"
+    )
+    anchor_ops = ("Add",)
+    source_ops = {"Add": 1, "Reshape": 1, "ReorderOutput": 1, "Conv": 1}
+    target_ops = {"Reshape": 1, "ReorderOutput": 1, "Conv": 1}
+
+    def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
+        if anchor.domain or len(anchor.inputs) != 2:
+            return
+        for rows, addend in (anchor.inputs, anchor.inputs[::-1]):
+            if graph.constant(addend) is None or graph.constant(rows) is not None:
+                continue
+            reshapes, node = [], graph.producer(rows)
+            while node is not None and node.op_type == "Reshape" and not node.domain:
+                reshapes.append(node)
+                node = graph.producer(node.inputs[0])
+            conv = graph.producer(node.inputs[0]) if is_nchwc(node, "ReorderOutput") else None
+            if is_nchwc(conv, "Conv"):
+                bindings = {"rows": rows, "c": addend}
+                yield Match((anchor, *reshapes, node, conv), bindings, (anchor.outputs[0],))
+
+    def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
+        reorder, conv = match.nodes[-2:]
+        if reorder.attr("channels_last", 0) != 1:
+            return "the ReorderOutput writes NCHW, not rows"
+        if conv.attr("activation") is not None or any(conv.inputs[3:]):
+            return "the Conv applies an activation or adds a sum after its bias"
+        if any(graph.constant(name) is None for name in conv.present_inputs[1:]):
+            return "the Conv's weight or bias is not a constant"
+        rows = shape(graph, match["rows"])
+        if shape(graph, match.outputs[0]) != rows:
+            return "the Add broadcasts the rows"
+        addend = graph.constant(match["c"])
+        if addend.ndim > len(rows) or any(d != 1 for d in addend.shape[:-1]):
+            return "the addend is not a per-channel constant"
+        if addend.ndim and addend.shape[-1] not in (1, rows[-1]):
+            return "the addend is not a per-channel constant"
+        if reorder.attr("channels") != rows[-1]:
+            return "the rows are not the Conv's channels"
+        return None
+
+    def rewrite(self, graph: Graph, match: Match) -> Replacement:
+        _, *reshapes, reorder, conv = match.nodes
+        channels = shape(graph, match["rows"])[-1]
+        blocked = shape(graph, conv.outputs[0])[1]
+        dtype = graph.constant(conv.inputs[1]).dtype
+        bias = graph.constant(conv.inputs[2]) if any(conv.inputs[2:3]) else None
+        bias = np.zeros(blocked, dtype) if bias is None else bias
+        shift = np.broadcast_to(graph.constant(match["c"]).reshape(-1), (channels,))
+        emit = Emitter(graph)
+        padded = np.pad(shift.astype(dtype), (0, blocked - channels))  # padded channels: 0
+        new_bias = emit.const(bias + padded, "bias")
+        out = emit.copy(conv, [conv.inputs[0], conv.inputs[1], new_bias], like=conv.outputs[0])
+        out = emit.copy(reorder, [out], like=reorder.outputs[0])
+        for reshape in reversed(reshapes):
+            out = emit.copy(reshape, [out, reshape.inputs[1]], like=reshape.outputs[0])
+        return emit.result(out)
+
+    def example(self, setting: int) -> onnx.ModelProto:
+        """Rows through a blocked 1x1 Conv (without a bias, with one, with a padded block of
+        output channels), back to rows, plus a per-channel constant (a vector, a (1, 1, n)
+        tensor, a scalar)."""
+        block = example_block()
+        m, k = 5, block
+        n = block + 4 if setting == 2 else block
+        rng = np.random.default_rng(setting)
+        b = ModelBuilder()
+        x = b.op("ReorderInput", [b.input((1, m, 1, k))], domain=NCHWC, channels_last=1)
+        weight = rng.standard_normal((n, k, 1, 1)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32) if setting == 1 else None
+        conv = blocked_conv(b, x, weight, ConvLayout(per_output=False, reorder_input=True), bias)
+        rows = b.op("ReorderOutput", [conv], domain=NCHWC, channels=n, channels_last=1)
+        rows = b.op("Reshape", [rows, b.const([1, m, n], np.int64)])
+        addend = [(n,), (1, 1, n), (1,)][setting]
+        return b.model(b.op("Add", [rows, b.const(addend)]))
+
+
 def _example(setting: int, reverse: bool) -> onnx.ModelProto:
     """Rows from a blocked source through the ops between into a blocked 1x1 Conv, read back
     as rows: a Gelu (setting 0), a GEGLU's Split, Gelu and Mul (1), a Relu scaled by a
@@ -315,4 +404,4 @@ def _ending_channels(channels: int, setting: int) -> int:
     return channels // 2 if setting == 1 else channels
 
 
-RULES = both_ways(ProjectionJoin)
+RULES = [*both_ways(ProjectionJoin), ProjectionBias()]
