@@ -17,8 +17,10 @@ into it by `nchwc-conv-activation-fusion`.
 
 Every channel count between must be whole blocks, so that no padded channel is computed on.
 A per-channel constant between (a projection's bias, where the search blocked the MatMul
-without its Add) has no blocked form short of a copy per row; it goes into the blocked
-Conv's bias first (`nchwc-projection-bias`), and the ops between can then join.
+without its Add) has no blocked form short of a copy per row: it goes into the up-projection's
+Conv as its bias, in the same step (a search that prices each step alone sees the bias in the
+Conv cost about what the Add did, and would not take it first), or alone
+(`nchwc-projection-bias`).
 The reverse takes such ops between blocked producers and blocked readers out to the rows
 (channels-last) layout; it is offered on images one pixel wide, the projections' m x 1, so
 that the CNNs' blocked activations do not gain sites that only a projection's graph needs.
@@ -110,7 +112,7 @@ class ProjectionJoin(NchwcRule, Rule):
     name = "nchwc-projection-join"
     description = (
         "ReorderInput(f(Reshape(ReorderOutput(y, channels_last)))) -> f(y)"
-        "  (f element-wise, Splits of the channels at whole blocks)"
+        "  (f element-wise, Splits of the channels at whole blocks; a bias into y's Conv)"
     )
     reverse_description = (
         "f(y) -> ReorderInput(f(ReorderOutput(y, channels_last)))"
@@ -139,6 +141,7 @@ class ProjectionJoin(NchwcRule, Rule):
         if found is None:
             return
         nodes, sources = found
+        nodes += [_bias_chain(graph, node)[4] for node in nodes if _is_bias(graph, node)]
         inside = {id(node) for node in (anchor, *nodes)}
         shared = [
             source
@@ -172,7 +175,7 @@ def _forward_reason(graph: Graph, match: Match, block: int) -> str | None:
         return "the ReorderInput's result is not one image"
     if image[1] != rows[-1]:
         return "the channels between are not whole blocks (the ReorderInput pads them)"
-    sources = [node for node in (*match.nodes[1:], *match.keep) if node.domain == NCHWC]
+    sources = [n for n in (*match.nodes[1:], *match.keep) if is_nchwc(n, "ReorderOutput")]
     for source in sources:
         blocked = shape(graph, source.inputs[0])
         if source.attr("channels_last", 0) != 1:
@@ -208,7 +211,11 @@ def _region_reason(
             if channels % block or int(np.prod(dims)) != pixels * channels:
                 return f"{name!r} is not {pixels} rows of whole blocks of channels"
         kind = _kind(node)
-        if kind == "binary":
+        if not reverse and _is_bias(graph, node):
+            reason = _bias_reason(graph, node)
+            if reason is not None:
+                return reason
+        elif kind == "binary":
             constants = [graph.constant(name) for name in node.inputs]
             if any(c is not None and (c.size != 1 or c.ndim > 4) for c in constants):
                 return "a binary op's constant is not a scalar"
@@ -235,6 +242,9 @@ def _to_blocked(emit: Emitter, graph: Graph, match: Match) -> str:
         kind = _kind(node) if node.domain != NCHWC else "source"
         if kind in ("source", "reshape"):
             memo[name] = node.inputs[0] if kind == "source" else blocked(node.inputs[0])
+            return memo[name]
+        if _is_bias(graph, node):
+            memo[name] = _folded_conv(emit, graph, node)
             return memo[name]
         inputs = [
             blocked(value) if graph.constant(value) is None else value for value in node.inputs
@@ -299,53 +309,21 @@ class ProjectionBias(NchwcRule, Rule):
     target_ops = {"Reshape": 1, "ReorderOutput": 1, "Conv": 1}
 
     def matches(self, graph: Graph, anchor: Node) -> Iterator[Match]:
-        if anchor.domain or len(anchor.inputs) != 2:
-            return
-        for rows, addend in (anchor.inputs, anchor.inputs[::-1]):
-            if graph.constant(addend) is None or graph.constant(rows) is not None:
-                continue
-            reshapes, node = [], graph.producer(rows)
-            while node is not None and node.op_type == "Reshape" and not node.domain:
-                reshapes.append(node)
-                node = graph.producer(node.inputs[0])
-            conv = graph.producer(node.inputs[0]) if is_nchwc(node, "ReorderOutput") else None
-            if is_nchwc(conv, "Conv"):
-                bindings = {"rows": rows, "c": addend}
-                yield Match((anchor, *reshapes, node, conv), bindings, (anchor.outputs[0],))
+        chain = _bias_chain(graph, anchor)
+        if chain is not None:
+            rows, addend, reshapes, reorder, conv = chain
+            bindings = {"rows": rows, "c": addend}
+            yield Match((anchor, *reshapes, reorder, conv), bindings, (anchor.outputs[0],))
 
     def nchwc_reason(self, graph: Graph, match: Match, block: int) -> str | None:
-        reorder, conv = match.nodes[-2:]
-        if reorder.attr("channels_last", 0) != 1:
-            return "the ReorderOutput writes NCHW, not rows"
-        if conv.attr("activation") is not None or any(conv.inputs[3:]):
-            return "the Conv applies an activation or adds a sum after its bias"
-        if any(graph.constant(name) is None for name in conv.present_inputs[1:]):
-            return "the Conv's weight or bias is not a constant"
-        rows = shape(graph, match["rows"])
-        if shape(graph, match.outputs[0]) != rows:
-            return "the Add broadcasts the rows"
-        addend = graph.constant(match["c"])
-        if addend.ndim > len(rows) or any(d != 1 for d in addend.shape[:-1]):
-            return "the addend is not a per-channel constant"
-        if addend.ndim and addend.shape[-1] not in (1, rows[-1]):
-            return "the addend is not a per-channel constant"
-        if reorder.attr("channels") != rows[-1]:
-            return "the rows are not the Conv's channels"
-        return None
+        return _bias_reason(graph, match.nodes[0])
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
-        _, *reshapes, reorder, conv = match.nodes
-        channels = shape(graph, match["rows"])[-1]
-        blocked = shape(graph, conv.outputs[0])[1]
-        dtype = graph.constant(conv.inputs[1]).dtype
-        bias = graph.constant(conv.inputs[2]) if any(conv.inputs[2:3]) else None
-        bias = np.zeros(blocked, dtype) if bias is None else bias
-        shift = np.broadcast_to(graph.constant(match["c"]).reshape(-1), (channels,))
+        _, _, reshapes, reorder, conv = _bias_chain(graph, match.nodes[0])
         emit = Emitter(graph)
-        padded = np.pad(shift.astype(dtype), (0, blocked - channels))  # padded channels: 0
-        new_bias = emit.const(bias + padded, "bias")
-        out = emit.copy(conv, [conv.inputs[0], conv.inputs[1], new_bias], like=conv.outputs[0])
-        out = emit.copy(reorder, [out], like=reorder.outputs[0])
+        out = emit.copy(
+            reorder, [_folded_conv(emit, graph, match.nodes[0])], like=reorder.outputs[0]
+        )
         for reshape in reversed(reshapes):
             out = emit.copy(reshape, [out, reshape.inputs[1]], like=reshape.outputs[0])
         return emit.result(out)
@@ -367,6 +345,69 @@ class ProjectionBias(NchwcRule, Rule):
         rows = b.op("Reshape", [rows, b.const([1, m, n], np.int64)])
         addend = [(n,), (1, 1, n), (1,)][setting]
         return b.model(b.op("Add", [rows, b.const(addend)]))
+
+
+def _bias_chain(graph: Graph, add: Node) -> tuple[str, str, list[Node], Node, Node] | None:
+    """An Add of a constant to rows that a blocked Conv wrote (through its ReorderOutput and
+    Reshapes): the rows, the constant, the Reshapes (the Add's side first), the ReorderOutput
+    and the Conv; None for any other Add."""
+    if add.op_type != "Add" or add.domain or len(add.inputs) != 2:
+        return None
+    for rows, addend in (add.inputs, add.inputs[::-1]):
+        if graph.constant(addend) is None or graph.constant(rows) is not None:
+            continue
+        reshapes, node = [], graph.producer(rows)
+        while node is not None and node.op_type == "Reshape" and not node.domain:
+            reshapes.append(node)
+            node = graph.producer(node.inputs[0])
+        conv = graph.producer(node.inputs[0]) if is_nchwc(node, "ReorderOutput") else None
+        if is_nchwc(conv, "Conv"):
+            return rows, addend, reshapes, node, conv
+    return None
+
+
+def _is_bias(graph: Graph, node: Node) -> bool:
+    """An Add of a blocked projection's rows and a constant of more than one value: only as
+    the Conv's bias can that constant be added blocked."""
+    chain = _bias_chain(graph, node)
+    return chain is not None and graph.constant(chain[1]).size > 1
+
+
+def _bias_reason(graph: Graph, add: Node) -> str | None:
+    """Why the Add's constant cannot go into the Conv's bias (the Add a `_bias_chain`'s)."""
+    rows_name, addend_name, reshapes, reorder, conv = _bias_chain(graph, add)
+    if reorder.attr("channels_last", 0) != 1:
+        return "the ReorderOutput writes NCHW, not rows"
+    if conv.attr("activation") is not None or any(conv.inputs[3:]):
+        return "the Conv applies an activation or adds a sum after its bias"
+    if any(graph.constant(name) is None for name in conv.present_inputs[1:]):
+        return "the Conv's weight or bias is not a constant"
+    rows = shape(graph, rows_name)
+    if shape(graph, add.outputs[0]) != rows:
+        return "the Add broadcasts the rows"
+    addend = graph.constant(addend_name)
+    if addend.ndim > len(rows) or any(d != 1 for d in addend.shape[:-1]):
+        return "the addend is not a per-channel constant"
+    if addend.ndim and addend.shape[-1] not in (1, rows[-1]):
+        return "the addend is not a per-channel constant"
+    if reorder.attr("channels") != rows[-1]:
+        return "the rows are not the Conv's channels"
+    if any(len(graph.consumers(node.outputs[0])) != 1 for node in (conv, reorder, *reshapes)):
+        return "the projection's rows are read by more than the Add"
+    return None
+
+
+def _folded_conv(emit: Emitter, graph: Graph, add: Node) -> str:
+    """The Conv of the Add's `_bias_chain` with the Add's constant in its bias (padded
+    channels 0): what the Add computed, blocked."""
+    rows, addend, _, _, conv = _bias_chain(graph, add)
+    channels, blocked = shape(graph, rows)[-1], shape(graph, conv.outputs[0])[1]
+    dtype = graph.constant(conv.inputs[1]).dtype
+    bias = graph.constant(conv.inputs[2]) if any(conv.inputs[2:3]) else None
+    bias = np.zeros(blocked, dtype) if bias is None else bias
+    shift = np.broadcast_to(graph.constant(addend).reshape(-1), (channels,)).astype(dtype)
+    new_bias = emit.const(bias + np.pad(shift, (0, blocked - channels)), "bias")
+    return emit.copy(conv, [conv.inputs[0], conv.inputs[1], new_bias], like=conv.outputs[0])
 
 
 def _example(setting: int, reverse: bool) -> onnx.ModelProto:
