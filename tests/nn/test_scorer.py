@@ -30,14 +30,20 @@ def states():
     return found
 
 
+@pytest.fixture(scope="module")
+def num_rules():
+    """The env's rule vocabulary, as PPO sizes its scorer by it (it grows with every rule)."""
+    return len(gym.make("rlflow/GraphRewrite-v0", models=["resnet-18"]).unwrapped.rule_names)
+
+
 @pytest.mark.parametrize("mode", ["local", "full"])
-def test_logits_are_masked_and_shaped(states, mode) -> None:
+def test_logits_are_masked_and_shaped(states, num_rules, mode) -> None:
     torch.manual_seed(0)
     observations = [observation for observation, _ in states]
     # hide the last slot of the first state: its logit must be masked too
     observations[0] = {**observations[0], "action_mask": observations[0]["action_mask"].copy()}
     observations[0]["action_mask"][SLOTS - 1] = 0
-    scorer = CandidateScorer(401, mode=mode, hidden=32, layers=1, heads=2).eval()
+    scorer = CandidateScorer(num_rules, mode=mode, hidden=32, layers=1, heads=2).eval()
     batch = collate(observations)
     graphs = candidate_batch([graphs for _, graphs in states], SLOTS)
     logits, values = scorer(batch, graphs if scorer.needs_candidate_graphs else None)
@@ -51,10 +57,10 @@ def test_logits_are_masked_and_shaped(states, mode) -> None:
     assert torch.equal(logits, again)
 
 
-def test_full_scores_follow_the_candidate_graphs(states) -> None:
+def test_full_scores_follow_the_candidate_graphs(states, num_rules) -> None:
     """Swapping two candidates' graphs swaps their scores (the score is the graph's)."""
     torch.manual_seed(0)
-    scorer = CandidateScorer(401, mode="full", hidden=32, layers=1, heads=2).eval()
+    scorer = CandidateScorer(num_rules, mode="full", hidden=32, layers=1, heads=2).eval()
     observation, graphs = states[0]
     batch = collate([observation])
     logits, _ = scorer(batch, candidate_batch([graphs], SLOTS))

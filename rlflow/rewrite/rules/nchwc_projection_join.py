@@ -249,18 +249,21 @@ def _to_blocked(emit: Emitter, graph: Graph, match: Match) -> str:
         inputs = [
             blocked(value) if graph.constant(value) is None else value for value in node.inputs
         ]
-        if kind == "split":
-            inputs[1:] = node.inputs[1:]
-            outputs = emit.copy(node, inputs, axis=1, outputs=len(node.outputs))
-        else:
-            outputs = emit.copy(node, inputs)
-        outputs = [outputs] if isinstance(outputs, str) else outputs
-        for old, new in zip(node.outputs, outputs, strict=True):
+        for old, new in zip(node.outputs, _copied(emit, node, inputs, axis=1), strict=True):
             channels = shape(graph, old)[-1]
             memo[old] = typed(emit, new, (1, channels, height, width), dtype)
         return memo[name]
 
     return blocked(anchor.inputs[0])
+
+
+def _copied(emit: Emitter, node: Node, inputs: list[str], axis: int) -> list[str]:
+    """An op between, on the inputs of the other layout: a Split splits the channels, on
+    `axis` there (its sizes kept); every other op keeps its attributes."""
+    if _kind(node) != "split":
+        return [emit.copy(node, inputs)]
+    parts = emit.copy(node, [inputs[0], *node.inputs[1:]], axis=axis, outputs=len(node.outputs))
+    return [parts] if isinstance(parts, str) else parts
 
 
 def _to_rows(emit: Emitter, graph: Graph, match: Match) -> str:
@@ -280,13 +283,7 @@ def _to_rows(emit: Emitter, graph: Graph, match: Match) -> str:
             memo[name] = typed(emit, out, (1, height, width, channels), dtype)
             return memo[name]
         inputs = [rows(value) if graph.constant(value) is None else value for value in node.inputs]
-        if _kind(node) == "split":
-            inputs[1:] = node.inputs[1:]
-            outputs = emit.copy(node, inputs, axis=3, outputs=len(node.outputs))
-        else:
-            outputs = emit.copy(node, inputs)
-        outputs = [outputs] if isinstance(outputs, str) else outputs
-        for old, new in zip(node.outputs, outputs, strict=True):
+        for old, new in zip(node.outputs, _copied(emit, node, inputs, axis=3), strict=True):
             _, part, height, width = shape(graph, old)
             memo[old] = typed(emit, new, (1, height, width, part), dtype)
         return memo[name]
