@@ -21,6 +21,7 @@ without its Add) has no blocked form short of a copy per row: it goes into the u
 Conv as its bias, in the same step (a search that prices each step alone sees the bias in the
 Conv cost about what the Add did, and would not take it first), or alone
 (`nchwc-projection-bias`).
+
 The reverse takes such ops between blocked producers and blocked readers out to the rows
 (channels-last) layout; it is offered on images one pixel wide, the projections' m x 1, so
 that the CNNs' blocked activations do not gain sites that only a projection's graph needs.
