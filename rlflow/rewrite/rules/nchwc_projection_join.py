@@ -428,7 +428,7 @@ def _example(setting: int, reverse: bool) -> onnx.ModelProto:
         y = b.op("Mul", [gate, b.op("Gelu", [value], domain="com.microsoft")])
     else:
         y = b.op("Mul", [b.op("Relu", [x]), b.const(np.float32(0.5))])
-    width = _ending_channels(channels, setting)
+    width = channels // 2 if setting == 1 else channels  # the GEGLU halves them
     if not reverse:
         y = b.op("Reshape", [y, b.const([1, m, 1, width], np.int64)])
         y = b.op("ReorderInput", [y], domain=NCHWC, channels_last=1)
@@ -436,11 +436,6 @@ def _example(setting: int, reverse: bool) -> onnx.ModelProto:
     layout = ConvLayout(per_output=False, reorder_input=True)
     conv = blocked_conv(b, y, weight.astype(np.float32), layout)
     return b.model(b.op("ReorderOutput", [conv], domain=NCHWC, channels=block, channels_last=1))
-
-
-def _ending_channels(channels: int, setting: int) -> int:
-    """The channels the example's ops between end with (the GEGLU halves them)."""
-    return channels // 2 if setting == 1 else channels
 
 
 RULES = [*both_ways(ProjectionJoin), ProjectionBias()]

@@ -468,10 +468,10 @@ def _twin_chain(graph: Graph, later: Node, earlier: Node) -> dict[Node, Node]:
     """`later` and every node below it that computes what a node below `earlier` does, once
     the twins above are one: later node -> its earlier twin, in graph order."""
     twins = {later: earlier}
+    same = _output_twins(twins)
     frontier = [later]
     while frontier:
         node = frontier.pop()
-        same = _output_twins(twins)
         for name in (n for n in node.outputs if n):
             for reader in graph.consumers(name):
                 if reader in twins or not _deterministic(reader):
@@ -489,6 +489,7 @@ def _twin_chain(graph: Graph, later: Node, earlier: Node) -> dict[Node, Node]:
                 )
                 if found is not None:
                     twins[reader] = found
+                    same.update(_output_twins({reader: found}))
                     frontier.append(reader)
     position = {id(node): index for index, node in enumerate(graph.nodes)}
     return dict(sorted(twins.items(), key=lambda pair: position[id(pair[0])]))
