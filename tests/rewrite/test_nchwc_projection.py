@@ -15,6 +15,7 @@ from rlflow.cost.ort_optimizer import start_state
 from rlflow.graph import NCHWC_DOMAIN, load_model
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rules import nchwc_layout
+from rlflow.rewrite.rules.nchwc import BlockedConvUnblock
 from rlflow.rewrite.rules.nchwc_projection import ProjectionToNchwc
 from rlflow.rewrite.verify import verify_rule
 from rlflow.zoo import cached_path
@@ -95,3 +96,18 @@ def test_no_site_where_onnxruntime_does_no_nchwc(monkeypatch):
     assert FORWARD.check(graph, match) is None
     monkeypatch.setattr(nchwc_layout, "nchwc_block_size", lambda: None)
     assert FORWARD.check(graph, match) == "onnxruntime does no NCHWc on this machine"
+
+
+def test_a_blocked_projection_is_not_unblocked_into_a_plain_conv():
+    """nchwc-conv-unblock leaves a projection's m x 1 rows to nchwc-projection-reverse."""
+    graph = load_model(FORWARD.example(1))
+    blocked = FORWARD.apply(graph, next(iter(FORWARD.sites(graph))))
+    unblock = BlockedConvUnblock()
+    assert not list(unblock.sites(blocked))
+    reasons = [
+        unblock.reason(blocked, match)
+        for anchor in blocked.nodes
+        for match in unblock.matches(blocked, anchor)
+    ]
+    assert reasons and all("m x 1" in reason for reason in reasons)
+    assert list(REVERSE.sites(blocked))

@@ -580,7 +580,13 @@ class BatchNormToNchwc(NchwcPatternRule):
 
 
 class BlockedConvUnblock(NchwcPatternRule):
-    """A blocked Conv that reads a blocked tensor, out of the layout with its two reorders."""
+    """A blocked Conv that reads a blocked tensor, out of the layout with its two reorders.
+
+    Not a projection's 1x1 Conv over its m x 1 rows (`nchwc_projection`): a plain Conv runs it
+    with the weights as the matrix product's first operand, the layout that
+    `scripts/probe_gemm_layouts.py` times at 0.76-1.01x of the MatMul (mini-DALL-E's vocabulary
+    projection ran 1.5% slower so in its graph, which the per-op cost, 1.4% the other way,
+    could not see); `nchwc-projection-reverse` takes a projection out to its Gemm instead."""
 
     name = "nchwc-conv-unblock"
     description = (
@@ -599,6 +605,8 @@ class BlockedConvUnblock(NchwcPatternRule):
             return "a grouped or depthwise Conv (the Conv rule's reverse takes those)"
         if weight.shape[0] % block or weight.shape[1] % block:
             return "not a filter blocked for this machine"
+        if weight.shape[2:] == (1, 1) and shape(graph, match["x"])[3] == 1:
+            return "a projection's rows, an m x 1 image (nchwc-projection-reverse takes it out)"
         return None
 
     def rewrite(self, graph: Graph, match: Match) -> Replacement:
