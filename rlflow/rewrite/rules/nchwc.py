@@ -583,10 +583,11 @@ class BlockedConvUnblock(NchwcPatternRule):
     """A blocked Conv that reads a blocked tensor, out of the layout with its two reorders.
 
     Not a projection's 1x1 Conv over its m x 1 rows (`nchwc_projection`): a plain Conv runs it
-    with the weights as the matrix product's first operand, the layout that
-    `scripts/probe_gemm_layouts.py` times at 0.76-1.01x of the MatMul (mini-DALL-E's vocabulary
-    projection ran 1.5% slower so in its graph, which the per-op cost, 1.4% the other way,
-    could not see); `nchwc-projection-reverse` takes a projection out to its Gemm instead."""
+    with the weights as the matrix product's first operand, as the `transposed` form of
+    `scripts/probe_gemm_layouts.py` does, which it times at 0.76-1.01x of the MatMul
+    (mini-DALL-E's vocabulary projection ran 1.5% slower so in its graph, which the per-op
+    cost, 1.4% the other way, could not see); `nchwc-projection-reverse` takes a projection
+    out to its Gemm instead."""
 
     name = "nchwc-conv-unblock"
     description = (
