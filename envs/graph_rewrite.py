@@ -194,6 +194,10 @@ class GraphRewriteEnv(gym.Env):
       (186 candidates) was never offered the three sites where `nchwc-conv-unblock` gains, the
       last of its 52; Inception-v3's graph has 354 candidates.
     - `invalid_action_penalty`: subtracted from the reward of a masked action (default 0).
+    - `revisit_penalty`: subtracted from the reward of a step that returns to a graph the
+      episode has already visited (default 0: X-RLflow's reward). Such a step (a rule, then
+      its reverse) costs nothing under the telescoping reward, so a policy may spend its
+      horizon cycling; `info["revisits"]` counts the episode's revisits either way.
     - `horizon`: the episode length the step fraction and the last e2e-sparse measurement
       refer to; default the spec's `max_episode_steps` (set by `gymnasium.make`), else 50.
     - `runner`, `perop_model`: measurement objects to use instead of new ones (tests, or to
@@ -221,6 +225,7 @@ class GraphRewriteEnv(gym.Env):
         max_candidates: int = 512,
         max_site_nodes: int = 4,
         invalid_action_penalty: float = 0.0,
+        revisit_penalty: float = 0.0,
         horizon: int | None = None,
         runner: Runner | None = None,
         perop_model: PerOpCostModel | None = None,
@@ -274,6 +279,7 @@ class GraphRewriteEnv(gym.Env):
         self.max_nodes, self.max_edges = max_nodes, max_edges
         self.max_candidates, self.max_site_nodes = max_candidates, max_site_nodes
         self.invalid_action_penalty = invalid_action_penalty
+        self.revisit_penalty = revisit_penalty
         self.render_mode = render_mode
         self._horizon_arg = horizon
 
@@ -329,6 +335,7 @@ class GraphRewriteEnv(gym.Env):
         self._offered: list[int] = []  # action slot -> index into self._candidates
         self._eligible = 0  # candidates within max_nodes / max_edges, before the cap
         self._visited: dict[str, Graph] = {}
+        self._revisits = 0  # steps of the episode that returned to a graph already visited
         self._cost0 = self._cost_now = 1.0
         self._analytic0 = self._analytic_now = 1.0
         # e2e-sparse, perop-e2e: (last measured cost, the estimate between checks then)
@@ -348,7 +355,7 @@ class GraphRewriteEnv(gym.Env):
             self._model_index = int(self.np_random.integers(len(self.models)))
         root = self._root(self._model_index)
         self.session = root.fork()
-        self._steps, self._return = 0, 0.0
+        self._steps, self._return, self._revisits = 0, 0.0, 0
         self._visited = {root.original.canonical_hash(): root.original}
         self._refresh_candidates()
 
@@ -377,7 +384,7 @@ class GraphRewriteEnv(gym.Env):
         slot = int(action)
         self._steps += 1
         rule: str | None = None
-        invalid = False
+        invalid = revisit = False
         terminated = False
         if slot == self.max_candidates:
             terminated = True
@@ -385,7 +392,8 @@ class GraphRewriteEnv(gym.Env):
             index = self._offered[slot]
             rule = self._candidates[index].rule.name
             self.session.apply(index)
-            self._settle_on_first_seen_version()
+            revisit = self._settle_on_first_seen_version()
+            self._revisits += revisit
             self._refresh_candidates()
             terminated = not self._offered
         else:
@@ -393,6 +401,8 @@ class GraphRewriteEnv(gym.Env):
         reward = self._advance_cost(final=terminated)
         if invalid:
             reward -= self.invalid_action_penalty
+        if revisit:
+            reward -= self.revisit_penalty
         self._return += reward
         return self._observation(), reward, terminated, False, self._info(rule, invalid)
 
@@ -551,8 +561,9 @@ class GraphRewriteEnv(gym.Env):
 
     # ---- candidates -------------------------------------------------------------------------
 
-    def _settle_on_first_seen_version(self) -> None:
-        """Stay on the first graph object seen with this hash in the episode.
+    def _settle_on_first_seen_version(self) -> bool:
+        """Stay on the first graph object seen with this hash in the episode; True when the
+        episode had already visited this graph.
 
         Two paths to one hash can order the nodes differently, while the session caches
         candidates (whose sites are node indices) by hash: staying on the first version keeps
@@ -560,9 +571,13 @@ class GraphRewriteEnv(gym.Env):
         """
         assert self.session is not None
         graph = self.session.graph
-        first = self._visited.setdefault(graph.canonical_hash(), graph)
-        if first is not graph:
-            self.session.graph = first
+        digest = graph.canonical_hash()
+        first = self._visited.get(digest)
+        if first is None:
+            self._visited[digest] = graph
+            return False
+        self.session.graph = first  # may be `graph` itself: a cached candidate taken again
+        return True
 
     def _refresh_candidates(self) -> None:
         assert self.session is not None
@@ -716,6 +731,7 @@ class GraphRewriteEnv(gym.Env):
             "num_nodes": len(self.session.graph),
             "rule": rule,
             "invalid_action": invalid,
+            "revisits": self._revisits,
             "action_mask": self._action_mask(),
             "num_candidates": len(self._offered),
             "eligible_candidates": self._eligible,

@@ -62,8 +62,14 @@ PRE_VECTOR_DEFAULTS: dict[str, Any] = {
     "num_steps": None,
 }
 """What a run saved before these settings existed ran with: its saved config reads as such."""
-PRE_DEMO_DEFAULTS: dict[str, Any] = {"demos": [], "demo_epochs": 500, "demo_coef": 0.0}
-"""A run saved before demonstrations existed imitated none."""
+PRE_DEMO_DEFAULTS: dict[str, Any] = {
+    "demos": [],
+    "demo_epochs": 500,
+    "demo_coef": 0.0,
+    "revisit_penalty": 0.0,
+}
+"""A run saved before demonstrations existed imitated none; one saved before the revisit
+penalty existed was not charged for revisits."""
 ENV_FIELDS = (
     "size",
     "cost",
@@ -78,9 +84,10 @@ ENV_FIELDS = (
     "max_candidates",
     "max_site_nodes",
     "horizon",
+    "revisit_penalty",
 )
 """The PPOConfig fields that are GraphRewriteEnv keyword arguments (besides `models`)."""
-EPISODE_INFO = ("model", "speedup", "step")
+EPISODE_INFO = ("model", "speedup", "step", "revisits")
 """What an episode's entry in progress.json reads from the env's last info of it."""
 
 
@@ -103,6 +110,7 @@ class PPOConfig:
     max_candidates: int = 512  # candidate action slots (plus stop; 128 until 2026-11-27)
     max_site_nodes: int = 4  # node indices kept per candidate site
     horizon: int = 100  # steps per episode before truncation
+    revisit_penalty: float = 0.0  # charged for a step back to a graph the episode visited
 
     # ---- the network
     scorer: str = "local"  # local (one GNN pass per state) | full (one per candidate graph)
@@ -179,6 +187,8 @@ class PPOConfig:
             raise RlflowError(f"horizon must be at least 1, got {self.horizon}")
         if self.demo_epochs < 0:
             raise RlflowError(f"demo_epochs must be at least 0, got {self.demo_epochs}")
+        if self.revisit_penalty < 0:
+            raise RlflowError(f"revisit_penalty must be at least 0, got {self.revisit_penalty}")
         if self.demo_coef < 0:
             raise RlflowError(f"demo_coef must be at least 0, got {self.demo_coef}")
         if self.demo_coef and not self.demos:
@@ -481,6 +491,7 @@ def _train_in(
                     "return": float(running_returns[index]),
                     "speedup": float(final["speedup"]),
                     "length": int(final["step"]),
+                    "revisits": int(final["revisits"]),
                     "real_measurements": real_measurements(),
                     "wall_s": wall_before + time.perf_counter() - started,
                 }

@@ -84,6 +84,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-edges", type=int, metavar="M", help="padded edge count")
     parser.add_argument("--horizon", type=int, metavar="T", help="steps per episode")
     parser.add_argument(
+        "--revisit-penalty",
+        type=float,
+        metavar="R",
+        help="subtract R from the reward of a step back to a graph the episode already "
+        "visited (a rule, then its reverse), which X-RLflow's reward does not charge (default 0)",
+    )
+    parser.add_argument(
         "--init-from",
         metavar="RUN_DIR",
         help="start the network from another train-ppo run's checkpoint (fine-tuning on "
@@ -145,6 +152,7 @@ FLAG_FIELDS = {
     "max_nodes": "max_nodes",
     "max_edges": "max_edges",
     "horizon": "horizon",
+    "revisit_penalty": "revisit_penalty",
     "portable": "portable",
     "init_from": "init_from",
     "demo": "demos",

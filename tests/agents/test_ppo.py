@@ -122,7 +122,9 @@ def test_run_dir_contents_and_tensorboard_tags(tmp_path) -> None:
     assert progress["global_step"] == 20 and progress["real_measurements"] == 0
     steps = [episode["global_step"] for episode in progress["episodes"]]
     assert steps == sorted(steps) and steps[-1] <= 20
-    assert {"return", "speedup", "real_measurements", "model"} <= set(progress["episodes"][0])
+    assert {"return", "speedup", "real_measurements", "model", "revisits"} <= set(
+        progress["episodes"][0]
+    )
 
 
 def test_rerun_resumes_and_continues_the_step_count(tmp_path) -> None:

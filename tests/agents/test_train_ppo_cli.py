@@ -115,6 +115,10 @@ def test_errors_are_one_line(tmp_path, capsys) -> None:
     assert_one_line_error(misspelt, "learning_rat")
     zero = rlflow(capsys, "train-ppo", *TINY, "--out", str(tmp_path / "new"), "--total-steps", "0")
     assert_one_line_error(zero, "total_steps")
+    negative = rlflow(
+        capsys, "train-ppo", *TINY, "--out", str(tmp_path / "new"), "--revisit-penalty", "-1"
+    )
+    assert_one_line_error(negative, "revisit_penalty")
 
 
 def test_the_command_knows_where_checkpoints_are() -> None:

@@ -257,6 +257,38 @@ def test_analytic_rewards_telescope_to_the_saved_percentage():
     assert info["real_measurements"] == 0
 
 
+def step_back_to_the_start(env: GraphRewriteEnv) -> tuple[list[float], list[dict]]:
+    """From a fresh episode: a rewrite, one that returns to the start graph (a rule and its
+    reverse), and the first rewrite again; the three rewards and infos."""
+    _, info = env.reset(seed=0)
+    start = info["graph_hash"]
+    for slot in range(info["num_candidates"]):
+        first_reward, first = env.step(slot)[1::3]
+        offered = env.offered_candidates()
+        back = [s for s, c in enumerate(offered) if c.graph.canonical_hash() == start]
+        if back:
+            back_reward, returned = env.step(back[0])[1::3]
+            again_reward, again = env.step(slot)[1::3]  # the start's cached candidate again
+            return [first_reward, back_reward, again_reward], [first, returned, again]
+        env.reset(seed=0)
+    raise AssertionError("no rewrite of the start graph has its reverse on offer")
+
+
+def test_a_step_back_to_a_visited_graph_is_counted_and_charged_the_revisit_penalty():
+    free_rewards, free_infos = step_back_to_the_start(GraphRewriteEnv([SMALL]))
+    charged = GraphRewriteEnv([SMALL], revisit_penalty=0.25)
+    rewards, infos = step_back_to_the_start(charged)
+    assert [info["revisits"] for info in infos] == [0, 1, 2]
+    assert [info["revisits"] for info in free_infos] == [0, 1, 2]
+    assert infos[2]["graph_hash"] == infos[0]["graph_hash"] != infos[1]["graph_hash"]
+    # X-RLflow's reward telescopes, so a rule and its reverse sum to zero; the penalty is
+    # taken off each revisit and nothing else.
+    assert sum(free_rewards[:2]) == pytest.approx(0.0, abs=1e-9)
+    assert rewards[0] == pytest.approx(free_rewards[0])
+    assert rewards[1:] == pytest.approx([reward - 0.25 for reward in free_rewards[1:]])
+    assert charged.reset(seed=0)[1]["revisits"] == 0
+
+
 def test_e2e_sparse_measures_every_n_steps_and_the_return_is_the_measured_saving():
     runner = fast_runner()
     env = GraphRewriteEnv([SMALL], cost="e2e-sparse", measure_every=3, runner=runner)
