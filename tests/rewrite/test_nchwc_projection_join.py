@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import onnx
 import pytest
 
 from rlflow.cost import OrtSettings, check_equivalence, nchwc_block_size
 from rlflow.cost.ort_optimizer import start_state
-from rlflow.graph import NCHWC_DOMAIN, load_model
+from rlflow.graph import NCHWC_DOMAIN, Graph, Node, Value, load_model
 from rlflow.rewrite.build import ModelBuilder
 from rlflow.rewrite.rules.nchwc_blocked import ConvActivationFusion
 from rlflow.rewrite.rules.nchwc_format import ConvLayout
@@ -167,3 +168,39 @@ def test_a_bias_whose_rows_are_read_again_stays_between():
     assert _reasons(_bias_between(gelu_reads_rows_too=True)) == [
         "the projection's rows are read by more than the Add"
     ]
+
+
+def _scaled_by_a_constant_expression(blocked: bool):
+    """A Relu between, scaled by Mul(0.25, 2.0): an op of two scalar constants, whose result
+    is a scalar computed between (load_model folds such an op; a rewrite may leave one); the
+    rows out to rows and blocked again, or all blocked."""
+    block = nchwc_block_size()
+    b = ModelBuilder()
+    x = b.op("ReorderInput", [b.input((1, 6, 1, block))], domain=NCHWC_DOMAIN, channels_last=1)
+    if not blocked:
+        x = b.op("ReorderOutput", [x], domain=NCHWC_DOMAIN, channels=block, channels_last=1)
+    y = b.op("Mul", [b.op("Relu", [x]), b.const(np.float32(0.5))])
+    if not blocked:
+        y = b.op("ReorderInput", [y], domain=NCHWC_DOMAIN, channels_last=1)
+    out = b.op("ReorderOutput", [y], domain=NCHWC_DOMAIN, channels=block, channels_last=1)
+    graph = load_model(b.model(out))
+    ((scale, _),) = graph.initializers.items()
+    factors = {"quarter": np.float32(0.25), "two": np.float32(2.0)}
+    return Graph(
+        [*graph.nodes, Node.make("Mul", list(factors), [scale])],
+        graph.inputs,
+        graph.outputs,
+        factors,
+        {**graph.values, **{n: Value(n, onnx.TensorProto.FLOAT, ()) for n in factors}},
+        graph.opset,
+    )
+
+
+@pytest.mark.parametrize("rule", [JOIN, SPLIT], ids=lambda rule: rule.name)
+def test_a_scalar_computed_between_is_refused_not_an_error(rule):
+    # A scalar has no channels to block: the check read its channels and raised IndexError,
+    # which stopped a PPO run on mini-DALL-E (2026-12-07).
+    graph = _scaled_by_a_constant_expression(blocked=rule.reverse)
+    reasons = [rule.reason(graph, m) for anchor in graph.nodes for m in rule.matches(graph, anchor)]
+    scale = next(node.outputs[0] for node in graph.nodes if node.inputs == ["quarter", "two"])
+    assert reasons == [f"{scale!r} is not " + ("a blocked image" if rule.reverse else "rows")]
