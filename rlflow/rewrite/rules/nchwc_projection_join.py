@@ -208,7 +208,7 @@ def _region_reason(
     for node in (node for node in match.nodes if node.domain != NCHWC):
         for name in [*node.outputs, *_operands(graph, node)]:
             dims = shape(graph, name)
-            if len(dims) != 4 if reverse else not dims:  # a scalar: no channels to block
+            if (len(dims) != 4) if reverse else (not dims):  # a scalar: no channels to block
                 return f"{name!r} is not {'a blocked image' if reverse else 'rows'}"
             channels = dims[1] if reverse else dims[-1]
             if channels % block or int(np.prod(dims)) != pixels * channels:
