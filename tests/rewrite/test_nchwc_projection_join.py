@@ -198,8 +198,9 @@ def _scaled_by_a_constant_expression(blocked: bool):
 
 @pytest.mark.parametrize("rule", [JOIN, SPLIT], ids=lambda rule: rule.name)
 def test_a_scalar_computed_between_is_refused_not_an_error(rule):
-    # A scalar has no channels to block: the check read its channels and raised IndexError,
-    # which stopped a PPO run on mini-DALL-E (2026-12-07).
+    # A scalar has no channels to block: the check read its channels and raised IndexError.
+    # An IndexError there stopped a PPO run on mini-DALL-E (2026-12-07); this case fits its
+    # traceback, the run's own graph was not kept.
     graph = _scaled_by_a_constant_expression(blocked=rule.reverse)
     reasons = [rule.reason(graph, m) for anchor in graph.nodes for m in rule.matches(graph, anchor)]
     scale = next(node.outputs[0] for node in graph.nodes if node.inputs == ["quarter", "two"])
