@@ -198,6 +198,12 @@ class GraphRewriteEnv(gym.Env):
       episode has already visited (default 0: X-RLflow's reward). Such a step (a rule, then
       its reverse) costs nothing under the telescoping reward, so a policy may spend its
       horizon cycling; `info["revisits"]` counts the episode's revisits either way.
+    - `mask_revisits`: withhold the candidates that lead back to a graph the episode has
+      already visited (default False: X-RLflow offers every rewrite). Every graph reachable from
+      the start stays reachable: the return telescopes, so a path through a cycle ends on the
+      graph, with the return, of the same path with the cycle cut out, in fewer steps. What the
+      mask takes away is a way back from a wrong turn within an episode. A charge
+      (`revisit_penalty`) only discourages the cycles a policy still takes; the mask leaves none.
     - `horizon`: the episode length the step fraction and the last e2e-sparse measurement
       refer to; default the spec's `max_episode_steps` (set by `gymnasium.make`), else 50.
     - `runner`, `perop_model`: measurement objects to use instead of new ones (tests, or to
@@ -226,6 +232,7 @@ class GraphRewriteEnv(gym.Env):
         max_site_nodes: int = 4,
         invalid_action_penalty: float = 0.0,
         revisit_penalty: float = 0.0,
+        mask_revisits: bool = False,
         horizon: int | None = None,
         runner: Runner | None = None,
         perop_model: PerOpCostModel | None = None,
@@ -280,6 +287,7 @@ class GraphRewriteEnv(gym.Env):
         self.max_candidates, self.max_site_nodes = max_candidates, max_site_nodes
         self.invalid_action_penalty = invalid_action_penalty
         self.revisit_penalty = revisit_penalty
+        self.mask_revisits = mask_revisits
         self.render_mode = render_mode
         self._horizon_arg = horizon
 
@@ -333,7 +341,7 @@ class GraphRewriteEnv(gym.Env):
         self._return = 0.0
         self._candidates: list[Candidate] = []
         self._offered: list[int] = []  # action slot -> index into self._candidates
-        self._eligible = 0  # candidates within max_nodes / max_edges, before the cap
+        self._eligible = 0  # candidates within max_nodes / max_edges and the mask, before the cap
         self._visited: dict[str, Graph] = {}
         self._revisits = 0  # steps of the episode that returned to a graph already visited
         self._cost0 = self._cost_now = 1.0
@@ -591,7 +599,9 @@ class GraphRewriteEnv(gym.Env):
         eligible = [
             index
             for index, candidate in enumerate(self._candidates)
-            if candidate.num_nodes <= self.max_nodes and self._fits_edges(candidate)
+            if candidate.num_nodes <= self.max_nodes
+            and self._fits_edges(candidate)
+            and not (self.mask_revisits and candidate.graph_hash in self._visited)
         ]
         self._eligible = len(eligible)
         names = [self._candidates[index].rule.name for index in eligible]

@@ -67,9 +67,10 @@ PRE_DEMO_DEFAULTS: dict[str, Any] = {
     "demo_epochs": 500,
     "demo_coef": 0.0,
     "revisit_penalty": 0.0,
+    "mask_revisits": False,
 }
 """A run saved before demonstrations existed imitated none; one saved before the revisit
-penalty existed was not charged for revisits."""
+penalty or mask existed was neither charged for revisits nor kept from them."""
 ENV_FIELDS = (
     "size",
     "cost",
@@ -85,6 +86,7 @@ ENV_FIELDS = (
     "max_site_nodes",
     "horizon",
     "revisit_penalty",
+    "mask_revisits",
 )
 """The PPOConfig fields that are GraphRewriteEnv keyword arguments (besides `models`)."""
 EPISODE_INFO = ("model", "speedup", "step", "revisits")
@@ -111,6 +113,7 @@ class PPOConfig:
     max_site_nodes: int = 4  # node indices kept per candidate site
     horizon: int = 100  # steps per episode before truncation
     revisit_penalty: float = 0.0  # charged for a step back to a graph the episode visited
+    mask_revisits: bool = False  # withhold the candidates that lead back to such a graph
 
     # ---- the network
     scorer: str = "local"  # local (one GNN pass per state) | full (one per candidate graph)

@@ -91,6 +91,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "visited (a rule, then its reverse), which X-RLflow's reward does not charge (default 0)",
     )
     parser.add_argument(
+        "--mask-revisits",
+        action="store_true",
+        default=None,
+        help="withhold the candidates that lead back to a graph the episode already visited; "
+        "a path through a cycle ends where the path without it does, so nothing is lost",
+    )
+    parser.add_argument(
         "--init-from",
         metavar="RUN_DIR",
         help="start the network from another train-ppo run's checkpoint (fine-tuning on "
@@ -153,6 +160,7 @@ FLAG_FIELDS = {
     "max_edges": "max_edges",
     "horizon": "horizon",
     "revisit_penalty": "revisit_penalty",
+    "mask_revisits": "mask_revisits",
     "portable": "portable",
     "init_from": "init_from",
     "demo": "demos",

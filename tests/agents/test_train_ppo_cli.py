@@ -45,7 +45,7 @@ def test_tiny_run_json_and_flags_override_the_config(tmp_path, capsys) -> None:
     config = tmp_path / "ppo.yaml"
     config.write_text("episodes_per_update: 2\nhidden: 16\nheads: 2\nlayers: 1\nhorizon: 50\n")
     out = tmp_path / "run"
-    flags = ("--total-steps", "12", "--config", str(config), "--json")
+    flags = ("--total-steps", "12", "--config", str(config), "--json", "--mask-revisits")
     code, stdout, stderr = rlflow(capsys, "train-ppo", *TINY, "--out", str(out), *flags)
     assert code == 0, stderr
     summary = json.loads(stdout.strip().splitlines()[-1])
@@ -54,6 +54,7 @@ def test_tiny_run_json_and_flags_override_the_config(tmp_path, capsys) -> None:
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["kind"] == "ppo" and saved["horizon"] == 5  # the flag beat the file
     assert saved["hidden"] == 16 and saved["episodes_per_update"] == 2
+    assert saved["mask_revisits"] is True and saved["revisit_penalty"] == 0.0
     assert (out / CHECKPOINT).is_file()
     assert not [p for p in out.rglob("*.tmp")]
 

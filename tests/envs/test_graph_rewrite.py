@@ -289,6 +289,27 @@ def test_a_step_back_to_a_visited_graph_is_counted_and_charged_the_revisit_penal
     assert charged.reset(seed=0)[1]["revisits"] == 0
 
 
+def test_masking_revisits_withholds_exactly_the_candidates_back_to_a_visited_graph():
+    free, masked = GraphRewriteEnv([SMALL]), GraphRewriteEnv([SMALL], mask_revisits=True)
+    free.reset(seed=0)
+    _, info = masked.reset(seed=0)
+    visited, withheld = {info["graph_hash"]}, 0
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        every = [candidate.graph_hash for candidate in free.offered_candidates()]
+        offered = [candidate.graph_hash for candidate in masked.offered_candidates()]
+        assert offered == [digest for digest in every if digest not in visited]
+        withheld += len(every) - len(offered)
+        slot = int(rng.integers(len(offered)))
+        free.step(every.index(offered[slot]))  # both envs walk the same path
+        _, _, terminated, _, info = masked.step(slot)
+        assert info["revisits"] == 0 and info["graph_hash"] not in visited
+        visited.add(info["graph_hash"])
+        if terminated:
+            break
+    assert withheld > 0  # the walk met rewrites back (a rule's reverse) and none was offered
+
+
 def test_e2e_sparse_measures_every_n_steps_and_the_return_is_the_measured_saving():
     runner = fast_runner()
     env = GraphRewriteEnv([SMALL], cost="e2e-sparse", measure_every=3, runner=runner)
