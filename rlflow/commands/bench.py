@@ -658,8 +658,14 @@ def write_report(
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    """A short text table: model, method, deploy mode, speedup, the peer's, wall time."""
-    print(f"{'model':<24}{'method':<20}{'deploy':<10}{'speedup':>10}{'peer':>10}{'wall s':>9}")
+    """A short text table: model, method, deploy mode, speedup, the peer's, wall time. The
+    name columns widen to their longest entry (an agent's run directory can be long)."""
+    model_w = max([24, *(len(row["model"]) + 2 for row in rows)])
+    method_w = max([20, *(len(row["method"]) + 2 for row in rows)])
+    print(
+        f"{'model':<{model_w}}{'method':<{method_w}}{'deploy':<10}{'speedup':>10}{'peer':>10}"
+        f"{'wall s':>9}"
+    )
     for row in rows:
         if not row["equivalent"]:
             speedup = "not equiv"
@@ -669,6 +675,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             speedup = f"{row['speedup']:.3f}x"
         peer = "—" if row.get("peer_speedup") is None else f"{row['peer_speedup']:.3f}x"
         print(
-            f"{row['model']:<24}{row['method']:<20}{row['deploy']:<10}{speedup:>10}{peer:>10}"
+            f"{row['model']:<{model_w}}{row['method']:<{method_w}}{row['deploy']:<10}"
+            f"{speedup:>10}{peer:>10}"
             f"{row['wall_s']:>9.1f}"
         )

@@ -150,6 +150,21 @@ def test_rules_cell_names_the_three_most_used_then_counts_the_rest():
     assert format_rules({}) == format_rules(None) == "none"
 
 
+def test_the_printed_table_keeps_a_long_method_name_apart_from_its_deploy(capsys):
+    from rlflow.commands.bench import print_rows
+
+    row = {"model": "mini-dalle:medium", "deploy": "offline", "equivalent": True}
+    rows = [
+        {**row, "method": "taso", "speedup": 1.08, "peer_speedup": 1.01, "wall_s": 40.9},
+        {**row, "method": "agent:ppo-mask/seed-0", "speedup": 1.093, "wall_s": 123.4},
+    ]
+    print_rows(rows)
+    header, taso, agent = capsys.readouterr().out.splitlines()
+    assert agent.split() == ["mini-dalle:medium", "agent:ppo-mask/seed-0", "offline", "1.093x",
+                             "—", "123.4"]  # fmt: skip
+    assert header.index("deploy") == taso.index("offline") == agent.index("offline")
+
+
 def test_seed_runs_of_two_agents_get_distinct_labels(tmp_path):
     """`train-ppo --seeds` lays runs out as RUN_DIR/seed-S: tables name them with their parent
     (two agents' seed-0 runs used to share the label `agent:seed-0` and bench refused them)."""
