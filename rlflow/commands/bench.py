@@ -676,6 +676,5 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
         peer = "—" if row.get("peer_speedup") is None else f"{row['peer_speedup']:.3f}x"
         print(
             f"{row['model']:<{model_w}}{row['method']:<{method_w}}{row['deploy']:<10}"
-            f"{speedup:>10}{peer:>10}"
-            f"{row['wall_s']:>9.1f}"
+            f"{speedup:>10}{peer:>10}{row['wall_s']:>9.1f}"
         )

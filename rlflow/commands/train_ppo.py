@@ -94,8 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--mask-revisits",
         action="store_true",
         default=None,
-        help="withhold the candidates that lead back to a graph the episode already visited; "
-        "a path through a cycle ends where the path without it does, so nothing is lost",
+        help="withhold the candidates that lead back to a graph the episode already visited "
+        "(every graph reachable from the start stays reachable: a path without the cycle ends "
+        "there too; what goes is a way back from a wrong turn)",
     )
     parser.add_argument(
         "--init-from",
